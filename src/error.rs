@@ -7,6 +7,8 @@
 use std::fmt;
 use std::io;
 
+use crate::http::{Response, ResponseBody};
+
 /// An error answered to the client: the HTTP status and a message naming the offending input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -67,6 +69,14 @@ pub fn is_disk_full(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
+impl From<ApiError> for Response {
+    fn from(error: ApiError) -> Response {
+        Response::new(error.status, ResponseBody::Bytes(error.to_json()))
+            .with_header("Content-Type", "application/json; charset=utf-8")
+            .with_header("X-Content-Type-Options", "nosniff")
+    }
+}
+
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.status, self.message)
@@ -100,6 +110,10 @@ mod tests {
     fn other_os_errors_map_to_500_naming_the_error() {
         let err = ApiError::from_io(&io::Error::from_raw_os_error(libc::EIO), "writing 'a'");
         assert_eq!(err.status, 500);
-        assert!(err.message.starts_with("error writing 'a': "), "{}", err.message);
+        assert!(
+            err.message.starts_with("error writing 'a': "),
+            "{}",
+            err.message
+        );
     }
 }

@@ -4,3 +4,6 @@
 //! `auth` checks, `api` handles, `fs` and `stats` do the work, `sys` talks to the kernel.
 
 pub mod error;
+pub mod http;
+pub mod log;
+pub mod sys;

@@ -1,0 +1,159 @@
+//! HTTP dates (RFC 9110 IMF-fixdate): `Sun, 06 Nov 1994 08:49:37 GMT`.
+//!
+//! Formatting for `Date` and `Last-Modified`, parsing for `If-Modified-Since` and friends. Only
+//! IMF-fixdate is parsed; obsolete formats are treated as absent, as RFC 9110 allows.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// Formats Unix seconds as an IMF-fixdate.
+pub fn format(unix_secs: i64) -> String {
+    let days = unix_secs.div_euclid(86_400);
+    let secs = unix_secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
+        DAYS[days.rem_euclid(7) as usize],
+        day,
+        MONTHS[(month - 1) as usize],
+        year,
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// Unix seconds of `time` (0 before the epoch).
+pub fn unix_secs(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+pub fn now_unix() -> i64 {
+    unix_secs(SystemTime::now())
+}
+
+/// Parses an IMF-fixdate into Unix seconds; `None` for anything else.
+pub fn parse(text: &str) -> Option<i64> {
+    let b = text.trim().as_bytes();
+    if b.len() != 29 || &b[3..5] != b", " || &b[25..] != b" GMT" {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        let digits = b.get(range)?;
+        digits.iter().try_fold(0i64, |acc, &d| {
+            d.is_ascii_digit().then(|| acc * 10 + i64::from(d - b'0'))
+        })
+    };
+    let day = number(5..7)?;
+    let month = MONTHS.iter().position(|m| m.as_bytes() == &b[8..11])? as i64 + 1;
+    let year = number(12..16)?;
+    let (hour, minute, second) = (number(17..19)?, number(20..22)?, number(23..25)?);
+    if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
+        return None;
+    }
+    if !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+/// Howard Hinnant's algorithm: days since 1970-01-01 to (year, month, day).
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The inverse of [`civil_from_days`].
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A `Date` header value cached per second, since formatting on every response is waste.
+pub struct DateCache {
+    secs: i64,
+    text: String,
+}
+
+impl DateCache {
+    pub fn new() -> DateCache {
+        DateCache {
+            secs: i64::MIN,
+            text: String::new(),
+        }
+    }
+
+    pub fn now(&mut self) -> &str {
+        let now = now_unix();
+        if now != self.secs {
+            self.secs = now;
+            self.text = format(now);
+        }
+        &self.text
+    }
+}
+
+impl Default for DateCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Seconds plus nanoseconds since the epoch as a Duration, for ETags; 0 before the epoch.
+pub fn since_epoch(time: SystemTime) -> Duration {
+    time.duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_known_dates() {
+        assert_eq!(format(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(format(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(format(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(format(1_700_000_000), "Tue, 14 Nov 2023 22:13:20 GMT");
+    }
+
+    #[test]
+    fn parse_inverts_format() {
+        for secs in [0, 784_111_777, 951_782_400, 1_700_000_000, 4_102_444_799] {
+            assert_eq!(parse(&format(secs)), Some(secs));
+        }
+    }
+
+    #[test]
+    fn rejects_other_formats_and_garbage() {
+        for text in [
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+            "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sun, 06 Foo 1994 08:49:37 GMT",
+            "Sun, 36 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 25:49:37 GMT",
+            "Sun, 0x Nov 1994 08:49:37 GMT",
+            "",
+        ] {
+            assert_eq!(parse(text), None, "{text}");
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Request heads: parsed by `httparse`, copied once into an owned [`Head`].
+//!
+//! The head owns one copy of its bytes and keeps ranges into it, so a request costs two
+//! allocations whatever its number of headers. Limits (SPEC §10): 64 KiB, 100 headers.
+
+use std::ops::Range;
+
+/// Largest request line plus headers accepted.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields accepted in one request.
+pub const MAX_HEADERS: usize = 100;
+
+/// Why a head was refused. `TooLarge` is answered 431, `Malformed` 400; both close the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadError {
+    TooLarge,
+    Malformed(&'static str),
+}
+
+/// A parsed request head.
+#[derive(Debug, Clone)]
+pub struct Head {
+    bytes: Vec<u8>,
+    method: Range<usize>,
+    target: Range<usize>,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    headers: Vec<(Range<usize>, Range<usize>)>,
+}
+
+impl Head {
+    /// Parses the head at the start of `buf`. `Ok(None)`: incomplete, read more. `Ok(Some((head,
+    /// n)))`: the head took the first `n` bytes. A head not complete within [`MAX_HEAD_BYTES`] is
+    /// `TooLarge`.
+    pub fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut fields);
+        let status = match request.parse(buf) {
+            Ok(status) => status,
+            Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+            Err(e) => return Err(HeadError::Malformed(malformed_reason(e))),
+        };
+        let len = match status {
+            httparse::Status::Complete(len) if len <= MAX_HEAD_BYTES => len,
+            httparse::Status::Complete(_) => return Err(HeadError::TooLarge),
+            httparse::Status::Partial if buf.len() >= MAX_HEAD_BYTES => {
+                return Err(HeadError::TooLarge)
+            }
+            httparse::Status::Partial => return Ok(None),
+        };
+        let base = buf.as_ptr() as usize;
+        let range_of = |part: &[u8]| {
+            let start = part.as_ptr() as usize - base;
+            start..start + part.len()
+        };
+        let (Some(method), Some(target), Some(minor_version)) =
+            (request.method, request.path, request.version)
+        else {
+            return Err(HeadError::Malformed("incomplete request line"));
+        };
+        let head = Head {
+            method: range_of(method.as_bytes()),
+            target: range_of(target.as_bytes()),
+            minor_version,
+            headers: request
+                .headers
+                .iter()
+                .map(|h| (range_of(h.name.as_bytes()), range_of(h.value)))
+                .collect(),
+            bytes: buf[..len].to_vec(),
+        };
+        Ok(Some((head, len)))
+    }
+
+    pub fn method(&self) -> &str {
+        self.text(&self.method)
+    }
+
+    /// The request target as sent: path and query, still percent-encoded.
+    pub fn target(&self) -> &str {
+        self.text(&self.target)
+    }
+
+    /// The path part of the target (before `?`).
+    pub fn path(&self) -> &str {
+        let target = self.target();
+        target.split_once('?').map_or(target, |(path, _)| path)
+    }
+
+    /// The raw query (after `?`), empty when absent.
+    pub fn raw_query(&self) -> &str {
+        self.target().split_once('?').map_or("", |(_, query)| query)
+    }
+
+    /// The first header named `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| self.bytes[n.clone()].eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| &self.bytes[v.clone()])
+    }
+
+    /// Every header named `name`, in order.
+    pub fn headers_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| self.bytes[n.clone()].eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| &self.bytes[v.clone()])
+    }
+
+    /// True when a comma-separated header such as `Connection` lists `token`.
+    pub fn header_has_token(&self, name: &str, token: &str) -> bool {
+        self.headers_named(name).any(|value| {
+            value
+                .split(|&b| b == b',')
+                .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        })
+    }
+
+    fn text(&self, range: &Range<usize>) -> &str {
+        // httparse only yields method and target made of visible ASCII.
+        std::str::from_utf8(&self.bytes[range.clone()]).unwrap_or("")
+    }
+}
+
+fn malformed_reason(error: httparse::Error) -> &'static str {
+    match error {
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine | httparse::Error::Token => "malformed request line",
+        httparse::Error::Status => "invalid status",
+        httparse::Error::Version => "unsupported HTTP version",
+        httparse::Error::TooManyHeaders => "too many headers",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
+        Head::parse(text)
+    }
+
+    #[test]
+    fn parses_method_target_version_and_headers() {
+        let text =
+            b"GET /files?path=a%20b&x=1 HTTP/1.1\r\nHost: h\r\nX-Access-Token: t\r\n\r\nBODY";
+        let (head, len) = parse(text).unwrap().unwrap();
+        assert_eq!(len, text.len() - 4);
+        assert_eq!(head.method(), "GET");
+        assert_eq!(head.target(), "/files?path=a%20b&x=1");
+        assert_eq!(head.path(), "/files");
+        assert_eq!(head.raw_query(), "path=a%20b&x=1");
+        assert_eq!(head.minor_version, 1);
+        assert_eq!(head.header("x-access-token"), Some(&b"t"[..]));
+        assert_eq!(head.header("HOST"), Some(&b"h"[..]));
+        assert_eq!(head.header("missing"), None);
+    }
+
+    #[test]
+    fn incomplete_head_asks_for_more() {
+        assert!(parse(b"GET / HTTP/1.1\r\nHost: h\r\n").unwrap().is_none());
+        assert!(parse(b"").unwrap().is_none());
+    }
+
+    #[test]
+    fn connection_tokens_are_matched_in_lists() {
+        let text = b"GET / HTTP/1.0\r\nConnection: Upgrade, Keep-Alive\r\n\r\n";
+        let (head, _) = parse(text).unwrap().unwrap();
+        assert!(head.header_has_token("connection", "keep-alive"));
+        assert!(!head.header_has_token("connection", "close"));
+        assert_eq!(head.minor_version, 0);
+    }
+
+    #[test]
+    fn too_many_headers_is_too_large() {
+        let mut text = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            text.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+        }
+        text.extend_from_slice(b"\r\n");
+        assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn head_over_64_kib_is_too_large() {
+        let mut text = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+        text.resize(MAX_HEAD_BYTES + 10, b'a');
+        assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
+        text.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn garbage_is_malformed() {
+        assert!(matches!(
+            parse(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"),
+            Err(HeadError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse(b"GET / HTTP/2.0\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
+    }
+}

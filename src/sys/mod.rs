@@ -1,0 +1,27 @@
+//! Thin libc wrappers: the only place in sandboxd with `unsafe`.
+//!
+//! Each wrapper turns one system call into a safe function returning `io::Result`, and each
+//! `unsafe` block says why it is sound. Callers never see raw pointers.
+
+pub mod net;
+pub mod process;
+
+use std::io;
+
+/// Turns a libc return value into `io::Result`, reading `errno` when it is -1.
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Like [`check`], for calls returning `ssize_t`.
+fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
