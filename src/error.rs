@@ -100,6 +100,10 @@ mod tests {
     fn other_os_errors_map_to_500_naming_the_error() {
         let err = ApiError::from_io(&io::Error::from_raw_os_error(libc::EIO), "writing 'a'");
         assert_eq!(err.status, 500);
-        assert!(err.message.starts_with("error writing 'a': "), "{}", err.message);
+        assert!(
+            err.message.starts_with("error writing 'a': "),
+            "{}",
+            err.message
+        );
     }
 }
