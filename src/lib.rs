@@ -3,7 +3,9 @@
 //! The tree reads like a request's path: `http` accepts and frames, `routes` matches,
 //! `auth` checks, `api` handles, `fs` and `stats` do the work, `sys` talks to the kernel.
 
+pub mod auth;
 pub mod error;
+pub mod fs;
 pub mod http;
 pub mod log;
 pub mod sys;

@@ -1,0 +1,670 @@
+//! Authentication (SPEC §3): the access token and signed URLs.
+//!
+//! This module owns every decision about whether a request may proceed: comparing the
+//! `X-Access-Token` header with the configured token, computing and checking `v1_` (envd's plain
+//! SHA-256) and `v2_` (HMAC-SHA256, always expiring) URL signatures, and building the query string
+//! that `sandboxd sign` prints. It owns the base64 encoders these signatures need. It does not
+//! parse HTTP: callers hand it the header bytes and the already-decoded query values. All
+//! comparisons of secrets are constant-time.
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+
+/// 401 message when a token is configured and the header is missing or wrong.
+pub const UNAUTHORIZED: &str =
+    "unauthorized access, please provide a valid access token or method signing if supported";
+/// 401 message when a file request carries a non-empty header that is not the token.
+pub const HEADER_MISMATCH: &str = "access token present in header but does not match";
+/// 401 message when a file request has neither a header nor a signature.
+pub const MISSING_SIGNATURE: &str = "missing signature query parameter";
+/// 401 message for a signature that does not match.
+pub const INVALID_SIGNATURE: &str = "invalid signature";
+/// 401 message for a matching signature past its expiration.
+pub const EXPIRED_SIGNATURE: &str = "signature is already expired";
+
+/// The operation word of a signature: `read` for GET/HEAD, `write` for POST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Read,
+    Write,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Read => "read",
+            Operation::Write => "write",
+        }
+    }
+}
+
+/// Compares two byte strings without stopping at the first differing byte.
+///
+/// A length mismatch returns `false` at once: lengths of tokens and signatures are not secret.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+const STD_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+const URL_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+fn base64_nopad(input: &[u8], alphabet: &[u8; 64]) -> String {
+    let mut out = String::with_capacity((input.len() * 4).div_ceil(3));
+    for chunk in input.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let group = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        // n input bytes give n + 1 output characters; the rest would be padding.
+        for i in 0..=chunk.len() {
+            let index = (group >> (18 - 6 * i)) & 0x3f;
+            out.push(char::from(alphabet[index as usize]));
+        }
+    }
+    out
+}
+
+/// Base64 with the standard alphabet (RFC 4648 §4), without `=` padding.
+pub fn base64_std_nopad(input: &[u8]) -> String {
+    base64_nopad(input, STD_ALPHABET)
+}
+
+/// Base64 with the URL- and filename-safe alphabet (RFC 4648 §5), without `=` padding.
+pub fn base64url_nopad(input: &[u8]) -> String {
+    base64_nopad(input, URL_ALPHABET)
+}
+
+/// envd's signature: `"v1_" + base64_std_nopad(SHA-256(path:op:username:token[:expiration]))`.
+pub fn sign_v1(
+    path: &str,
+    op: Operation,
+    username: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(path.as_bytes());
+    hasher.update(b":");
+    hasher.update(op.as_str().as_bytes());
+    hasher.update(b":");
+    hasher.update(username.as_bytes());
+    hasher.update(b":");
+    hasher.update(token.as_bytes());
+    if let Some(expiration) = expiration {
+        hasher.update(format!(":{expiration}").as_bytes());
+    }
+    format!("v1_{}", base64_std_nopad(&hasher.finalize()))
+}
+
+/// sandboxd's signature: `"v2_" + base64url_nopad(HMAC-SHA256(token, path:op:username:expiration))`.
+pub fn sign_v2(path: &str, op: Operation, username: &str, token: &str, expiration: i64) -> String {
+    let mut mac = hmac_sha256(token.as_bytes());
+    mac.update(format!("{path}:{}:{username}:{expiration}", op.as_str()).as_bytes());
+    format!("v2_{}", base64url_nopad(&mac.finalize().into_bytes()))
+}
+
+/// An HMAC-SHA256 keyed with `key`, built without a fallible constructor: RFC 2104 hashes a key
+/// longer than the block and zero-pads it to the block size, which is exactly the fixed-size key
+/// `Hmac::new` takes.
+fn hmac_sha256(key: &[u8]) -> Hmac<Sha256> {
+    let mut block = [0u8; 64];
+    if key.len() > block.len() {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    <Hmac<Sha256> as Mac>::new(&block.into())
+}
+
+/// The raw (already percent/plus-decoded) query values of a file request.
+///
+/// `path` and `username` are the empty string when absent; `signature` and `expiration` are the
+/// `signature` and `signature_expiration` parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignedQuery<'a> {
+    pub path: &'a str,
+    pub username: &'a str,
+    pub signature: Option<&'a str>,
+    pub expiration: Option<&'a str>,
+}
+
+/// Routes other than /health and /files: header must equal the configured token.
+///
+/// Without a configured token every request passes.
+pub fn check_token(configured: Option<&str>, header: Option<&[u8]>) -> Result<(), ApiError> {
+    let Some(token) = configured else {
+        return Ok(());
+    };
+    match header {
+        Some(value) if !value.is_empty() && constant_time_eq(value, token.as_bytes()) => Ok(()),
+        _ => Err(ApiError::unauthorized(UNAUTHORIZED)),
+    }
+}
+
+/// GET/HEAD/POST /files: header token, or a signed URL for `op`.
+///
+/// A non-empty header decides alone (the query is not looked at). Otherwise the signature is
+/// checked, and only a matching signature is checked for expiry (`expiration < now_unix`).
+pub fn check_file_access(
+    configured: Option<&str>,
+    header: Option<&[u8]>,
+    query: &SignedQuery,
+    op: Operation,
+    now_unix: i64,
+) -> Result<(), ApiError> {
+    let Some(token) = configured else {
+        return Ok(());
+    };
+    if let Some(value) = header.filter(|value| !value.is_empty()) {
+        return if constant_time_eq(value, token.as_bytes()) {
+            Ok(())
+        } else {
+            Err(ApiError::unauthorized(HEADER_MISMATCH))
+        };
+    }
+    let signature = match query.signature {
+        Some(signature) if !signature.is_empty() => signature,
+        _ => return Err(ApiError::unauthorized(MISSING_SIGNATURE)),
+    };
+    let expiration = query.expiration.map(parse_expiration).transpose()?;
+    let expected = if signature.starts_with("v1_") {
+        sign_v1(query.path, op, query.username, token, expiration)
+    } else if signature.starts_with("v2_") {
+        match expiration {
+            Some(expiration) => sign_v2(query.path, op, query.username, token, expiration),
+            None => return Err(ApiError::unauthorized(INVALID_SIGNATURE)),
+        }
+    } else {
+        return Err(ApiError::unauthorized(INVALID_SIGNATURE));
+    };
+    if !constant_time_eq(signature.as_bytes(), expected.as_bytes()) {
+        return Err(ApiError::unauthorized(INVALID_SIGNATURE));
+    }
+    match expiration {
+        Some(expiration) if expiration < now_unix => Err(ApiError::unauthorized(EXPIRED_SIGNATURE)),
+        _ => Ok(()),
+    }
+}
+
+/// `signature_expiration` as Unix seconds, or the 400 of SPEC §2.
+fn parse_expiration(raw: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>().map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid signature_expiration query parameter '{raw}': expected Unix seconds"
+        ))
+    })
+}
+
+/// The percent-encoded query string of a signed URL, for `sandboxd sign`:
+/// `path=...&username=...&signature=...&signature_expiration=...` (`username` omitted when empty).
+///
+/// `version` 1 signs with `v1_` (including the expiration); any other value signs with `v2_`,
+/// the stronger scheme, so a mistaken version never weakens the URL.
+pub fn signed_url_query(
+    path: &str,
+    op: Operation,
+    username: &str,
+    token: &str,
+    expiration: i64,
+    version: u8,
+) -> String {
+    let signature = if version == 1 {
+        sign_v1(path, op, username, token, Some(expiration))
+    } else {
+        sign_v2(path, op, username, token, expiration)
+    };
+    let encode =
+        |value: &str| form_urlencoded::byte_serialize(value.as_bytes()).collect::<String>();
+    let mut query = format!("path={}", encode(path));
+    if !username.is_empty() {
+        query.push_str("&username=");
+        query.push_str(&encode(username));
+    }
+    query.push_str("&signature=");
+    query.push_str(&encode(&signature));
+    query.push_str(&format!("&signature_expiration={expiration}"));
+    query
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "secret-token";
+    const EXP: i64 = 1_700_000_000;
+
+    fn query<'a>(
+        path: &'a str,
+        username: &'a str,
+        signature: Option<&'a str>,
+        expiration: Option<&'a str>,
+    ) -> SignedQuery<'a> {
+        SignedQuery {
+            path,
+            username,
+            signature,
+            expiration,
+        }
+    }
+
+    fn file_access(q: &SignedQuery, op: Operation, now: i64) -> Result<(), ApiError> {
+        check_file_access(Some(TOKEN), None, q, op, now)
+    }
+
+    fn unauthorized(message: &str) -> Result<(), ApiError> {
+        Err(ApiError::unauthorized(message))
+    }
+
+    #[test]
+    fn operation_words() {
+        assert_eq!(Operation::Read.as_str(), "read");
+        assert_eq!(Operation::Write.as_str(), "write");
+    }
+
+    #[test]
+    fn constant_time_eq_cases() {
+        assert!(constant_time_eq(b"", b""));
+        assert!(constant_time_eq(b"secret-token", b"secret-token"));
+        assert!(!constant_time_eq(b"secret-token", b"secret-tokem"));
+        assert!(!constant_time_eq(b"Xecret-token", b"secret-token"));
+        assert!(!constant_time_eq(b"secret-token", b"secret-token "));
+        assert!(!constant_time_eq(b"secret", b"secret-token"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+
+    #[test]
+    fn base64_std_rfc4648_vectors() {
+        // RFC 4648 §10, with the padding removed.
+        let vectors = [
+            ("", ""),
+            ("f", "Zg"),
+            ("fo", "Zm8"),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg"),
+            ("fooba", "Zm9vYmE"),
+            ("foobar", "Zm9vYmFy"),
+        ];
+        for (input, expected) in vectors {
+            assert_eq!(base64_std_nopad(input.as_bytes()), expected, "{input:?}");
+            assert_eq!(base64url_nopad(input.as_bytes()), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn base64_alphabets_differ_in_the_last_two_symbols() {
+        assert_eq!(base64_std_nopad(&[0xfb, 0xff, 0xbf]), "+/+/");
+        assert_eq!(base64url_nopad(&[0xfb, 0xff, 0xbf]), "-_-_");
+        assert_eq!(base64_std_nopad(&[0xff]), "/w");
+        assert_eq!(base64url_nopad(&[0xff, 0xff]), "__8");
+    }
+
+    #[test]
+    fn sign_v1_matches_spec_vectors() {
+        assert_eq!(
+            sign_v1("/tmp/a.txt", Operation::Read, "", TOKEN, None),
+            "v1_CDCMrbQyUHyA5BgoY3jXv19yxwH8ZU5/7B4GD7PyUBk"
+        );
+        assert_eq!(
+            sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, Some(EXP)),
+            "v1_8qywDjLKW2P0wQ1QjV1/xVDCWHpzm6/fx3cZ+pGFg+w"
+        );
+        assert_eq!(
+            sign_v1("demo/test.txt", Operation::Write, "user", TOKEN, None),
+            "v1_Z9gF3P/eNV3fAoz0bKy62UEAx0aXorYY3wmiZ4eBbOo"
+        );
+    }
+
+    #[test]
+    fn sign_v2_matches_python_hmac() {
+        // Computed independently, once, with:
+        // python3 -c "import hmac,hashlib,base64; print('v2_'+base64.urlsafe_b64encode(hmac.new(
+        //   b'secret-token', b'/tmp/a.txt:read:user:1700000000', hashlib.sha256).digest())
+        //   .rstrip(b'=').decode())"
+        assert_eq!(
+            sign_v2("/tmp/a.txt", Operation::Read, "user", TOKEN, EXP),
+            "v2_8L9tNgzA_ReU3WX1rwwHYaxTGmzlcB0Zb3NM5sCE5LA"
+        );
+        // Same, with b'demo/test.txt:write::1700000000'.
+        assert_eq!(
+            sign_v2("demo/test.txt", Operation::Write, "", TOKEN, EXP),
+            "v2_R6Q6Qn85cB7PCxUJ47NwH9UX3R2MVvfLQ_qgWeWtY1U"
+        );
+    }
+
+    #[test]
+    fn hmac_with_block_key_equals_hmac_crate_for_any_key_length() {
+        for len in [0usize, 1, 12, 63, 64, 65, 200] {
+            let key: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            let mut ours = hmac_sha256(&key);
+            ours.update(b"message");
+            let mut reference = <Hmac<Sha256> as Mac>::new_from_slice(&key).unwrap();
+            reference.update(b"message");
+            assert_eq!(
+                ours.finalize().into_bytes(),
+                reference.finalize().into_bytes(),
+                "key length {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn open_daemon_allows_everything() {
+        assert_eq!(check_token(None, None), Ok(()));
+        assert_eq!(check_token(None, Some(b"anything")), Ok(()));
+        let q = query("/etc/shadow", "", Some("garbage"), Some("abc"));
+        assert_eq!(
+            check_file_access(None, None, &q, Operation::Write, 0),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn check_token_requires_the_exact_header() {
+        assert_eq!(check_token(Some(TOKEN), Some(b"secret-token")), Ok(()));
+        assert_eq!(check_token(Some(TOKEN), None), unauthorized(UNAUTHORIZED));
+        assert_eq!(
+            check_token(Some(TOKEN), Some(b"")),
+            unauthorized(UNAUTHORIZED)
+        );
+        assert_eq!(
+            check_token(Some(TOKEN), Some(b"secret-tokeN")),
+            unauthorized(UNAUTHORIZED)
+        );
+        assert_eq!(
+            check_token(Some(TOKEN), Some(b"secret")),
+            unauthorized(UNAUTHORIZED)
+        );
+        assert_eq!(
+            check_token(Some(TOKEN), None),
+            Err(ApiError::new(
+                401,
+                "unauthorized access, please provide a valid access token or method signing if supported"
+            ))
+        );
+    }
+
+    #[test]
+    fn valid_header_wins_over_a_garbage_signature() {
+        let q = query("/tmp/a.txt", "", Some("v1_garbage"), Some("not-a-number"));
+        let result = check_file_access(Some(TOKEN), Some(b"secret-token"), &q, Operation::Read, 0);
+        assert_eq!(result, Ok(()));
+    }
+
+    #[test]
+    fn wrong_header_is_refused_even_with_a_valid_signature() {
+        let signature = sign_v1("/tmp/a.txt", Operation::Read, "", TOKEN, None);
+        let q = query("/tmp/a.txt", "", Some(&signature), None);
+        assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+        let result = check_file_access(Some(TOKEN), Some(b"wrong"), &q, Operation::Read, EXP);
+        assert_eq!(
+            result,
+            Err(ApiError::new(
+                401,
+                "access token present in header but does not match"
+            ))
+        );
+    }
+
+    #[test]
+    fn empty_header_falls_back_to_the_signature() {
+        let signature = sign_v1("/tmp/a.txt", Operation::Read, "", TOKEN, None);
+        let q = query("/tmp/a.txt", "", Some(&signature), None);
+        let result = check_file_access(Some(TOKEN), Some(b""), &q, Operation::Read, EXP);
+        assert_eq!(result, Ok(()));
+        let q = query("/tmp/a.txt", "", None, None);
+        let result = check_file_access(Some(TOKEN), Some(b""), &q, Operation::Read, EXP);
+        assert_eq!(result, unauthorized(MISSING_SIGNATURE));
+    }
+
+    #[test]
+    fn missing_or_empty_signature() {
+        let expected = Err(ApiError::new(401, "missing signature query parameter"));
+        assert_eq!(
+            file_access(&query("/a", "", None, None), Operation::Read, 0),
+            expected
+        );
+        assert_eq!(
+            file_access(&query("/a", "", Some(""), None), Operation::Read, 0),
+            expected
+        );
+    }
+
+    #[test]
+    fn malformed_expiration_is_a_400_naming_the_value() {
+        for raw in [
+            "abc",
+            "",
+            "1.5",
+            "17e8",
+            " 1700000000",
+            "99999999999999999999",
+        ] {
+            let q = query("/tmp/a.txt", "", Some("v1_x"), Some(raw));
+            assert_eq!(
+                file_access(&q, Operation::Read, 0),
+                Err(ApiError::new(
+                    400,
+                    format!(
+                        "invalid signature_expiration query parameter '{raw}': expected Unix seconds"
+                    )
+                )),
+                "{raw:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn spec_v1_vectors_are_accepted() {
+        let q = query(
+            "/tmp/a.txt",
+            "",
+            Some("v1_CDCMrbQyUHyA5BgoY3jXv19yxwH8ZU5/7B4GD7PyUBk"),
+            None,
+        );
+        assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+        let q = query(
+            "/tmp/a.txt",
+            "user",
+            Some("v1_8qywDjLKW2P0wQ1QjV1/xVDCWHpzm6/fx3cZ+pGFg+w"),
+            Some("1700000000"),
+        );
+        assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+        let q = query(
+            "demo/test.txt",
+            "user",
+            Some("v1_Z9gF3P/eNV3fAoz0bKy62UEAx0aXorYY3wmiZ4eBbOo"),
+            None,
+        );
+        assert_eq!(file_access(&q, Operation::Write, EXP), Ok(()));
+    }
+
+    #[test]
+    fn v2_is_accepted_with_its_expiration_and_refused_without() {
+        let signature = "v2_8L9tNgzA_ReU3WX1rwwHYaxTGmzlcB0Zb3NM5sCE5LA";
+        let q = query("/tmp/a.txt", "user", Some(signature), Some("1700000000"));
+        assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+        let q = query("/tmp/a.txt", "user", Some(signature), None);
+        assert_eq!(
+            file_access(&q, Operation::Read, EXP),
+            unauthorized(INVALID_SIGNATURE)
+        );
+    }
+
+    #[test]
+    fn unknown_prefix_is_invalid() {
+        let v1 = sign_v1("/tmp/a.txt", Operation::Read, "", TOKEN, None);
+        let unprefixed = v1.trim_start_matches("v1_").to_string();
+        for signature in [unprefixed.as_str(), "v3_abc", "V1_abc", "garbage"] {
+            let q = query("/tmp/a.txt", "", Some(signature), None);
+            assert_eq!(
+                file_access(&q, Operation::Read, 0),
+                Err(ApiError::new(401, "invalid signature")),
+                "{signature}"
+            );
+        }
+    }
+
+    #[test]
+    fn expiry_boundary() {
+        for signature in [
+            sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, Some(EXP)),
+            sign_v2("/tmp/a.txt", Operation::Read, "user", TOKEN, EXP),
+        ] {
+            let q = query("/tmp/a.txt", "user", Some(&signature), Some("1700000000"));
+            assert_eq!(file_access(&q, Operation::Read, EXP - 1), Ok(()));
+            assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+            assert_eq!(
+                file_access(&q, Operation::Read, EXP + 1),
+                Err(ApiError::new(401, "signature is already expired"))
+            );
+        }
+    }
+
+    #[test]
+    fn expired_but_forged_signature_is_invalid_not_expired() {
+        let q = query("/tmp/a.txt", "user", Some("v1_forged"), Some("1"));
+        assert_eq!(
+            file_access(&q, Operation::Read, EXP),
+            unauthorized(INVALID_SIGNATURE)
+        );
+    }
+
+    #[test]
+    fn read_signature_is_refused_for_write() {
+        for signature in [
+            sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, Some(EXP)),
+            sign_v2("/tmp/a.txt", Operation::Read, "user", TOKEN, EXP),
+        ] {
+            let q = query("/tmp/a.txt", "user", Some(&signature), Some("1700000000"));
+            assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
+            assert_eq!(
+                file_access(&q, Operation::Write, EXP),
+                unauthorized(INVALID_SIGNATURE)
+            );
+        }
+    }
+
+    #[test]
+    fn altered_fields_are_invalid() {
+        for signature in [
+            sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, Some(EXP)),
+            sign_v2("/tmp/a.txt", Operation::Read, "user", TOKEN, EXP),
+        ] {
+            let altered = [
+                query("/tmp/b.txt", "user", Some(&signature), Some("1700000000")),
+                query("/tmp/a.txt", "root", Some(&signature), Some("1700000000")),
+                query("/tmp/a.txt", "", Some(&signature), Some("1700000000")),
+                query("/tmp/a.txt", "user", Some(&signature), Some("1700000001")),
+            ];
+            for q in altered {
+                assert_eq!(
+                    file_access(&q, Operation::Read, 0),
+                    unauthorized(INVALID_SIGNATURE),
+                    "{q:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn expiration_must_be_sent_exactly_when_signed() {
+        // Signed with an expiration, sent without it.
+        let with = sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, Some(EXP));
+        let q = query("/tmp/a.txt", "user", Some(&with), None);
+        assert_eq!(
+            file_access(&q, Operation::Read, 0),
+            unauthorized(INVALID_SIGNATURE)
+        );
+        // Signed without one, sent with one.
+        let without = sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, None);
+        let q = query("/tmp/a.txt", "user", Some(&without), Some("1700000000"));
+        assert_eq!(
+            file_access(&q, Operation::Read, 0),
+            unauthorized(INVALID_SIGNATURE)
+        );
+    }
+
+    #[test]
+    fn signature_from_another_token_is_invalid() {
+        let signature = sign_v2("/tmp/a.txt", Operation::Read, "", "other-token", EXP);
+        let q = query("/tmp/a.txt", "", Some(&signature), Some("1700000000"));
+        assert_eq!(
+            file_access(&q, Operation::Read, 0),
+            unauthorized(INVALID_SIGNATURE)
+        );
+    }
+
+    fn parse_pairs(query: &str) -> Vec<(String, String)> {
+        form_urlencoded::parse(query.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect()
+    }
+
+    fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn signed_url_query_round_trips_through_form_urlencoded() {
+        let path = "/home/user/a b+c&d=é%.txt";
+        for (version, prefix) in [(1u8, "v1_"), (2u8, "v2_")] {
+            let text = signed_url_query(path, Operation::Write, "us er", TOKEN, EXP, version);
+            assert!(!text.contains(' '), "{text}");
+            let pairs = parse_pairs(&text);
+            let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["path", "username", "signature", "signature_expiration"]
+            );
+            assert_eq!(value(&pairs, "path"), Some(path));
+            assert_eq!(value(&pairs, "username"), Some("us er"));
+            assert_eq!(value(&pairs, "signature_expiration"), Some("1700000000"));
+            let signature = value(&pairs, "signature").unwrap_or_default();
+            assert!(signature.starts_with(prefix), "{signature}");
+            let q = SignedQuery {
+                path: value(&pairs, "path").unwrap_or_default(),
+                username: value(&pairs, "username").unwrap_or_default(),
+                signature: value(&pairs, "signature"),
+                expiration: value(&pairs, "signature_expiration"),
+            };
+            assert_eq!(file_access(&q, Operation::Write, EXP), Ok(()));
+            assert_eq!(
+                file_access(&q, Operation::Read, EXP),
+                unauthorized(INVALID_SIGNATURE)
+            );
+        }
+    }
+
+    #[test]
+    fn signed_url_query_omits_an_empty_username() {
+        let text = signed_url_query("/tmp/a.txt", Operation::Read, "", TOKEN, EXP, 2);
+        // The signature was computed with Python's hmac, as in `sign_v2_matches_python_hmac`,
+        // over b'/tmp/a.txt:read::1700000000'.
+        assert_eq!(
+            text,
+            "path=%2Ftmp%2Fa.txt\
+             &signature=v2_oonFLeoi42S2NawwtuXZXHCclxV3OAZn0cNXhJLTyIM\
+             &signature_expiration=1700000000"
+        );
+        let pairs = parse_pairs(&text);
+        assert_eq!(value(&pairs, "username"), None);
+    }
+
+    #[test]
+    fn signed_url_query_version_1_uses_the_spec_v1_form() {
+        let text = signed_url_query("/tmp/a.txt", Operation::Read, "user", TOKEN, EXP, 1);
+        assert_eq!(
+            text,
+            "path=%2Ftmp%2Fa.txt&username=user\
+             &signature=v1_8qywDjLKW2P0wQ1QjV1%2FxVDCWHpzm6%2Ffx3cZ%2BpGFg%2Bw\
+             &signature_expiration=1700000000"
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! Directories for written files (SPEC §4) and the record a write answers with (SPEC §2.1, §5).
+//!
+//! This module owns creating the missing parent directories of a file about to be written: mode
+//! exactly 0755 whatever the umask, owned by the user, existing directories left alone, a
+//! non-directory in the way refused with 400. It also owns the `{"path","name","type"}` JSON
+//! record of a written file.
+
+use std::fs::{self, DirBuilder, OpenOptions, Permissions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use crate::error::ApiError;
+
+/// The mode of every directory sandboxd creates.
+pub const DIR_MODE: u32 = 0o755;
+
+/// Creates the missing parent directories of `path` (mode exactly 0755 regardless of umask, chowned to uid:gid);
+/// existing directories are left alone. A non-directory in the way → 400 `path is a file: <that component>`.
+/// Races with other creators (EEXIST) are fine. Other OS errors → ApiError::from_io.
+///
+/// Symlinks to directories count as directories. `path` itself is not created.
+pub fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    // The common case, one stat: the parent is already there.
+    if matches!(fs::metadata(parent), Ok(meta) if meta.is_dir()) {
+        return Ok(());
+    }
+    let mut missing: Vec<&Path> = parent
+        .ancestors()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .collect();
+    missing.reverse();
+    for dir in missing {
+        match fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => return Err(path_is_a_file(dir)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => create_dir(dir, uid, gid)?,
+            Err(err) => return Err(io_error(&err, "checking directory", dir)),
+        }
+    }
+    Ok(())
+}
+
+/// Creates one directory; if another creator won the race, accepts its directory as it is.
+fn create_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
+    match DirBuilder::new().mode(DIR_MODE).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+            return match fs::metadata(dir) {
+                Ok(meta) if meta.is_dir() => Ok(()),
+                Ok(_) => Err(path_is_a_file(dir)),
+                Err(err) => Err(io_error(&err, "creating directory", dir)),
+            };
+        }
+        Err(err) => return Err(io_error(&err, "creating directory", dir)),
+    }
+    // Mode and owner are set through a descriptor opened without following symlinks, so a
+    // directory swapped for a symlink meanwhile cannot redirect the chmod or chown.
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|err| io_error(&err, "opening directory", dir))?;
+    handle
+        .set_permissions(Permissions::from_mode(DIR_MODE))
+        .map_err(|err| io_error(&err, "setting the mode of directory", dir))?;
+    std::os::unix::fs::fchown(&handle, Some(uid), Some(gid))
+        .map_err(|err| io_error(&err, "setting the owner of directory", dir))?;
+    Ok(())
+}
+
+fn path_is_a_file(dir: &Path) -> ApiError {
+    ApiError::bad_request(format!("path is a file: {}", dir.display()))
+}
+
+fn io_error(err: &io::Error, doing: &str, dir: &Path) -> ApiError {
+    ApiError::from_io(err, &format!("{doing} '{}'", dir.display()))
+}
+
+/// The `{"path","name","type"}` record of SPEC §2.1 / §5 for a written file (`type` "file", `name` = base name).
+pub fn file_record(path: &Path) -> serde_json::Value {
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    serde_json::json!({
+        "path": path.to_string_lossy(),
+        "name": name,
+        "type": "file",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+    use std::process::Command;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// A unique directory under the system temp dir, removed when dropped (even on panic).
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default();
+            let path = std::env::temp_dir().join(format!(
+                "sandboxd-dirs-{}-{tag}-{nanos}",
+                std::process::id()
+            ));
+            fs::create_dir(&path).unwrap();
+            TempDir(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().mode() & 0o7777
+    }
+
+    fn owner(path: &Path) -> (u32, u32) {
+        let meta = fs::metadata(path).unwrap();
+        (meta.uid(), meta.gid())
+    }
+
+    #[test]
+    fn creates_nested_parents_but_not_the_file() {
+        let tmp = TempDir::new("nested");
+        let (uid, gid) = owner(&tmp.0);
+        let file = tmp.0.join("a/b/c/file.txt");
+        create_parents(&file, uid, gid).unwrap();
+        for dir in ["a", "a/b", "a/b/c"] {
+            let dir = tmp.0.join(dir);
+            assert!(fs::metadata(&dir).unwrap().is_dir(), "{}", dir.display());
+            assert_eq!(mode(&dir), 0o755, "{}", dir.display());
+        }
+        assert!(!file.exists());
+        // A second call finds everything in place.
+        create_parents(&file, uid, gid).unwrap();
+    }
+
+    #[test]
+    fn existing_directories_are_left_alone() {
+        let tmp = TempDir::new("existing");
+        let (uid, gid) = owner(&tmp.0);
+        let existing = tmp.0.join("keep");
+        fs::create_dir(&existing).unwrap();
+        fs::set_permissions(&existing, Permissions::from_mode(0o700)).unwrap();
+        create_parents(&existing.join("new/file.txt"), uid + 1, gid + 1).unwrap();
+        assert_eq!(mode(&existing), 0o700);
+        assert_eq!(owner(&existing), (uid, gid));
+        assert_eq!(mode(&existing.join("new")), 0o755);
+    }
+
+    #[test]
+    fn symlink_to_a_directory_counts_as_a_directory() {
+        let tmp = TempDir::new("symlink");
+        let (uid, gid) = owner(&tmp.0);
+        fs::create_dir(tmp.0.join("real")).unwrap();
+        std::os::unix::fs::symlink(tmp.0.join("real"), tmp.0.join("link")).unwrap();
+        create_parents(&tmp.0.join("link/sub/file.txt"), uid, gid).unwrap();
+        assert!(tmp.0.join("real/sub").is_dir());
+    }
+
+    #[test]
+    fn a_file_in_the_way_is_a_400_naming_it() {
+        let tmp = TempDir::new("file-in-way");
+        let (uid, gid) = owner(&tmp.0);
+        fs::create_dir(tmp.0.join("a")).unwrap();
+        fs::write(tmp.0.join("a/b"), b"not a directory").unwrap();
+        let result = create_parents(&tmp.0.join("a/b/c/d.txt"), uid, gid);
+        assert_eq!(
+            result,
+            Err(ApiError::new(
+                400,
+                format!("path is a file: {}/a/b", tmp.0.display())
+            ))
+        );
+        assert!(!tmp.0.join("a/b/c").exists());
+        // The direct parent being a file is the same error.
+        let result = create_parents(&tmp.0.join("a/b/d.txt"), uid, gid);
+        assert_eq!(
+            result,
+            Err(ApiError::new(
+                400,
+                format!("path is a file: {}/a/b", tmp.0.display())
+            ))
+        );
+    }
+
+    #[test]
+    fn no_parent_is_nothing_to_do() {
+        assert_eq!(create_parents(Path::new("/"), 0, 0), Ok(()));
+        assert_eq!(create_parents(Path::new("file.txt"), 0, 0), Ok(()));
+    }
+
+    fn running_as_root() -> bool {
+        fs::metadata("/proc/self")
+            .map(|m| m.uid() == 0)
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn created_directories_are_chowned_to_the_user() {
+        if !running_as_root() {
+            eprintln!("skipped: chown to another user needs root");
+            return;
+        }
+        let tmp = TempDir::new("chown");
+        let before = owner(&tmp.0);
+        let (uid, gid) = (12345, 23456);
+        assert_ne!((uid, gid), before);
+        create_parents(&tmp.0.join("x/y/file.txt"), uid, gid).unwrap();
+        assert_eq!(owner(&tmp.0.join("x")), (uid, gid));
+        assert_eq!(owner(&tmp.0.join("x/y")), (uid, gid));
+        assert_eq!(owner(&tmp.0), before);
+    }
+
+    const UMASK_CHILD: &str = "SANDBOXD_TEST_UMASK_077_CHILD";
+    const UMASK_TEST: &str = "fs::dirs::tests::mode_is_0755_under_umask_077";
+
+    fn current_umask() -> Option<String> {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Umask:"))
+            .map(|value| value.trim().to_string())
+    }
+
+    /// The umask is process-wide and setting it needs `unsafe`, so this test re-runs itself in a
+    /// child test process started by `sh` after `umask 077`.
+    #[test]
+    fn mode_is_0755_under_umask_077() {
+        if std::env::var_os(UMASK_CHILD).is_some() {
+            assert_eq!(current_umask().as_deref(), Some("0077"));
+            let tmp = TempDir::new("umask");
+            let (uid, gid) = owner(&tmp.0);
+            create_parents(&tmp.0.join("p/q/file.txt"), uid, gid).unwrap();
+            assert_eq!(mode(&tmp.0.join("p")), 0o755);
+            assert_eq!(mode(&tmp.0.join("p/q")), 0o755);
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg("umask 077 && exec \"$0\" \"$@\"")
+            .arg(exe)
+            .args(["--exact", UMASK_TEST, "--test-threads=1", "--nocapture"])
+            .env(UMASK_CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "{stdout}\n{stderr}");
+    }
+
+    #[test]
+    fn file_record_names_the_file() {
+        assert_eq!(
+            file_record(Path::new("/home/user/demo/out.bin")),
+            serde_json::json!({"path": "/home/user/demo/out.bin", "name": "out.bin", "type": "file"})
+        );
+        assert_eq!(
+            file_record(Path::new("/a b/ünï.txt")).to_string(),
+            r#"{"name":"ünï.txt","path":"/a b/ünï.txt","type":"file"}"#
+        );
+    }
+}

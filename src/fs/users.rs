@@ -1,0 +1,198 @@
+//! Users (SPEC §4): looking a name up in the passwd file for its uid, primary gid and home.
+//!
+//! This module owns the passwd format and the 401 for an unknown user. It reads the file on every
+//! lookup, because sandboxes add users at runtime, and never calls into libc's NSS.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::ApiError;
+
+/// A passwd entry: what sandboxd needs to resolve paths and own files for a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// Pure: finds `name` in passwd-format text (name:pw:uid:gid:gecos:home:shell). Skips blank, comment, malformed lines.
+///
+/// The first matching entry wins. A line needs at least the six fields up to the home (the shell
+/// may be missing, as Go's `os/user` allows), and numeric uid and gid. An empty home is `/`, as
+/// `login(1)` does.
+pub fn parse_passwd(text: &str, name: &str) -> Option<User> {
+    if name.is_empty() {
+        return None;
+    }
+    text.lines()
+        .filter(|line| !line.trim().is_empty() && !line.starts_with('#'))
+        .find_map(|line| {
+            let fields: Vec<&str> = line.splitn(7, ':').collect();
+            if fields.len() < 6 || fields[0] != name {
+                return None;
+            }
+            let uid = fields[2].parse::<u32>().ok()?;
+            let gid = fields[3].parse::<u32>().ok()?;
+            let home = match fields[5] {
+                "" => PathBuf::from("/"),
+                home => PathBuf::from(home),
+            };
+            Some(User {
+                name: name.to_string(),
+                uid,
+                gid,
+                home,
+            })
+        })
+}
+
+/// Reads the passwd file each call (users are added at runtime inside sandboxes).
+/// Unknown user → 401 `error looking up user '<name>': unknown user`; unreadable file → 500 naming the file and OS error.
+pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, ApiError> {
+    let bytes = std::fs::read(passwd_file).map_err(|err| {
+        ApiError::from_io(
+            &err,
+            &format!("reading passwd file '{}'", passwd_file.display()),
+        )
+    })?;
+    // Non-UTF-8 bytes (say, a Latin-1 GECOS field) must not hide the other entries.
+    let text = String::from_utf8_lossy(&bytes);
+    parse_passwd(&text, name).ok_or_else(|| {
+        ApiError::unauthorized(format!("error looking up user '{name}': unknown user"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "\
+root:x:0:0:root:/root:/bin/bash
+# a comment:x:1:1::/comment:/bin/sh
+
+daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin
+broken:x:1000
+baduid:x:abc:100::/home/baduid:/bin/sh
+negative:x:-1:100::/home/negative:/bin/sh
+user:x:1000:1000:Sandbox User,,,:/home/user:/bin/bash
+user:x:2000:2000::/home/second:/bin/bash
+noshell:x:1001:1002::/home/noshell
+nohome:x:1003:1004:::/bin/sh
+crlf:x:1005:1006::/home/crlf:/bin/sh\r
+";
+
+    fn user(name: &str, uid: u32, gid: u32, home: &str) -> User {
+        User {
+            name: name.to_string(),
+            uid,
+            gid,
+            home: PathBuf::from(home),
+        }
+    }
+
+    #[test]
+    fn finds_entries() {
+        assert_eq!(
+            parse_passwd(PASSWD, "root"),
+            Some(user("root", 0, 0, "/root"))
+        );
+        assert_eq!(
+            parse_passwd(PASSWD, "daemon"),
+            Some(user("daemon", 1, 1, "/usr/sbin"))
+        );
+        assert_eq!(
+            parse_passwd(PASSWD, "crlf"),
+            Some(user("crlf", 1005, 1006, "/home/crlf"))
+        );
+    }
+
+    #[test]
+    fn first_entry_wins() {
+        assert_eq!(
+            parse_passwd(PASSWD, "user"),
+            Some(user("user", 1000, 1000, "/home/user"))
+        );
+    }
+
+    #[test]
+    fn shell_may_be_missing_and_empty_home_is_root() {
+        assert_eq!(
+            parse_passwd(PASSWD, "noshell"),
+            Some(user("noshell", 1001, 1002, "/home/noshell"))
+        );
+        assert_eq!(
+            parse_passwd(PASSWD, "nohome"),
+            Some(user("nohome", 1003, 1004, "/"))
+        );
+    }
+
+    #[test]
+    fn skips_comments_blank_and_malformed_lines() {
+        assert_eq!(parse_passwd(PASSWD, "# a comment"), None);
+        assert_eq!(parse_passwd(PASSWD, "broken"), None);
+        assert_eq!(parse_passwd(PASSWD, "baduid"), None);
+        assert_eq!(parse_passwd(PASSWD, "negative"), None);
+        assert_eq!(parse_passwd(PASSWD, ""), None);
+        assert_eq!(parse_passwd(PASSWD, "nobody"), None);
+        assert_eq!(parse_passwd(PASSWD, "use"), None);
+        assert_eq!(parse_passwd("", "root"), None);
+    }
+
+    fn temp_file(tag: &str, contents: &[u8]) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("sandboxd-users-{}-{tag}", std::process::id()));
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    #[test]
+    fn lookup_reads_the_file_each_call() {
+        let path = temp_file("each-call", b"root:x:0:0::/root:/bin/sh\n");
+        let before = lookup(&path, "late");
+        std::fs::write(
+            &path,
+            b"root:x:0:0::/root:/bin/sh\nlate:x:7:8::/home/late:/bin/sh\n",
+        )
+        .unwrap();
+        let after = lookup(&path, "late");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            before,
+            Err(ApiError::new(
+                401,
+                "error looking up user 'late': unknown user"
+            ))
+        );
+        assert_eq!(after, Ok(user("late", 7, 8, "/home/late")));
+    }
+
+    #[test]
+    fn lookup_survives_non_utf8_bytes() {
+        let path = temp_file(
+            "latin1",
+            b"j\xf6rg:x:5:5:J\xf6rg:/home/jorg:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+        );
+        let result = lookup(&path, "user");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(result, Ok(user("user", 1000, 1000, "/home/user")));
+    }
+
+    #[test]
+    fn unreadable_file_is_500_naming_file_and_error() {
+        let path = Path::new("/nonexistent-sandboxd-dir/passwd");
+        let err = lookup(path, "root").unwrap_err();
+        assert_eq!(err.status, 500);
+        assert!(
+            err.message
+                .starts_with("error reading passwd file '/nonexistent-sandboxd-dir/passwd': "),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message.contains("No such file or directory"),
+            "{}",
+            err.message
+        );
+    }
+}
