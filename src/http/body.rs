@@ -69,7 +69,7 @@ impl Framing {
 
 fn parse_length(value: &[u8]) -> Option<u64> {
     let digits = value.trim_ascii();
-    if digits.is_empty() || digits.len() > 19 {
+    if digits.is_empty() || digits.len() > 20 {
         return None;
     }
     digits.iter().try_fold(0u64, |acc, &d| {

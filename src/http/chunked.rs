@@ -48,7 +48,12 @@ enum State {
         digits: usize,
         line: usize,
     },
-    /// After the digits: extensions up to CR.
+    /// Blanks after the digits, before `;` or CR.
+    Blank {
+        size: u64,
+        line: usize,
+    },
+    /// After `;`: extensions up to CR (their content is ignored).
     Extension {
         size: u64,
         line: usize,
@@ -146,7 +151,16 @@ fn step(state: State, byte: u8) -> Result<State, ChunkError> {
                 None => end_of_digits(size, line, byte)?,
             }
         }
-        State::Extension { size, line } => end_of_digits(size, grow_line(line)?, byte)?,
+        State::Blank { size, line } => end_of_digits(size, grow_line(line)?, byte)?,
+        State::Extension { size, line } => {
+            let line = grow_line(line)?;
+            match byte {
+                b'\r' => State::SizeLf { size },
+                b'\n' => return Err(ChunkError::MissingCrlf),
+                _ if is_extension_byte(byte) => State::Extension { size, line },
+                _ => return Err(ChunkError::InvalidSize),
+            }
+        }
         State::SizeLf { size } if byte == b'\n' => match size {
             0 => State::TrailerStart { total: 0 },
             _ => State::Data { remaining: size },
@@ -180,13 +194,13 @@ fn step(state: State, byte: u8) -> Result<State, ChunkError> {
     })
 }
 
-/// A byte after the size digits: `;` or whitespace starts extensions, CR ends the line.
+/// A byte after the size digits: blanks, then `;` starting extensions or CR ending the line.
 fn end_of_digits(size: u64, line: usize, byte: u8) -> Result<State, ChunkError> {
     match byte {
         b'\r' => Ok(State::SizeLf { size }),
         b'\n' => Err(ChunkError::MissingCrlf),
-        b';' | b' ' | b'\t' => Ok(State::Extension { size, line }),
-        _ if line > 0 && is_extension_byte(byte) => Ok(State::Extension { size, line }),
+        b' ' | b'\t' => Ok(State::Blank { size, line }),
+        b';' => Ok(State::Extension { size, line }),
         _ => Err(ChunkError::InvalidSize),
     }
 }
@@ -264,13 +278,23 @@ mod tests {
 
     #[test]
     fn rejects_bad_sizes() {
-        for bad in [&b"\r\n"[..], b"x\r\n", b"-1\r\n", b"1 2\r\n\r\n"] {
-            let result = decode_in_pieces(bad, 64);
-            assert!(
-                matches!(result, Err(ChunkError::InvalidSize) | Ok((_, false))),
-                "{bad:?}: {result:?}"
+        for bad in [
+            &b"\r\n"[..],
+            b"x\r\n",
+            b"-1\r\n",
+            b"1 2\r\n",
+            b"1;a\x01\r\n",
+        ] {
+            assert_eq!(
+                decode_in_pieces(bad, 64).unwrap_err(),
+                ChunkError::InvalidSize,
+                "{bad:?}"
             );
         }
+        assert_eq!(
+            decode_in_pieces(b"1 ;a\r\nx\r\n0\r\n\r\n", 64).unwrap().0,
+            b"x"
+        );
         assert_eq!(
             decode_in_pieces(b"10000000000000000\r\n", 64).unwrap_err(),
             ChunkError::InvalidSize

@@ -73,7 +73,7 @@ pub fn redact_signature(target: &str) -> std::borrow::Cow<'_, str> {
     let Some((path, query)) = target.split_once('?') else {
         return target.into();
     };
-    if !query.contains("signature") {
+    if !query.contains("signature") && !query.contains('%') {
         return target.into();
     }
     let kept: Vec<&str> = query

@@ -1,0 +1,133 @@
+//! `App`: the daemon's state shared by every handler, and the checks every handler makes.
+//!
+//! It owns what `/init` can change at run time (the token, the default user and workdir, the
+//! variables it set) behind locks held only to copy a value out.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+
+use crate::auth;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::fs::users::{self, User};
+use crate::http::query::Query;
+use crate::http::Head;
+
+pub struct App {
+    pub config: Config,
+    token: RwLock<Option<String>>,
+    defaults: RwLock<Defaults>,
+    /// The environment the daemon started with, less `SANDBOXD_*`.
+    base_env: BTreeMap<String, String>,
+    /// Variables set by the last `/init`.
+    init_env: RwLock<BTreeMap<String, String>>,
+    shutting_down: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub user: String,
+    pub workdir: Option<PathBuf>,
+}
+
+impl App {
+    pub fn new(config: Config, token: Option<String>, env: BTreeMap<String, String>) -> App {
+        let defaults = Defaults {
+            user: config.default_user.clone(),
+            workdir: config.default_workdir.clone(),
+        };
+        App {
+            config,
+            token: RwLock::new(token),
+            defaults: RwLock::new(defaults),
+            base_env: env
+                .into_iter()
+                .filter(|(key, _)| !key.starts_with("SANDBOXD_"))
+                .collect(),
+            init_env: RwLock::new(BTreeMap::new()),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn token(&self) -> Option<String> {
+        read(&self.token).clone()
+    }
+
+    pub fn defaults(&self) -> Defaults {
+        read(&self.defaults).clone()
+    }
+
+    /// The environment of `/envs`: the start-up one overlaid with `/init`'s.
+    pub fn environment(&self) -> BTreeMap<String, String> {
+        let mut env = self.base_env.clone();
+        env.extend(read(&self.init_env).clone());
+        env
+    }
+
+    /// Applies a validated `/init`. Fields left `None` are unchanged.
+    pub fn apply_init(
+        &self,
+        token: Option<String>,
+        env: Option<BTreeMap<String, String>>,
+        user: Option<String>,
+        workdir: Option<Option<PathBuf>>,
+    ) {
+        if let Some(env) = env {
+            *write(&self.init_env) = env;
+        }
+        {
+            let mut defaults = write(&self.defaults);
+            if let Some(user) = user {
+                defaults.user = user;
+            }
+            if let Some(workdir) = workdir {
+                defaults.workdir = workdir;
+            }
+        }
+        if let Some(token) = token {
+            *write(&self.token) = Some(token);
+        }
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// The `X-Access-Token` check of every route but `/health` and `/files`.
+    pub fn require_token(&self, head: &Head) -> Result<(), ApiError> {
+        auth::check_token(self.token().as_deref(), head.header("x-access-token"))
+    }
+
+    /// The user named by `username`, or the default user when it is absent or empty.
+    pub fn user(&self, username: Option<&str>) -> Result<User, ApiError> {
+        let name = match username {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => self.defaults().user,
+        };
+        users::lookup(&self.config.passwd_file, &name)
+    }
+}
+
+/// Decodes the query of `head`; a parameter that is not UTF-8 is a 400 naming it.
+pub fn query(head: &Head) -> Result<Query, ApiError> {
+    Query::parse(head.raw_query()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid query parameter '{}': not valid UTF-8",
+            e.name
+        ))
+    })
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}

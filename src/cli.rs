@@ -1,0 +1,78 @@
+//! The subcommands that are not the daemon: `--healthcheck` and `sign`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::auth::{self, Operation};
+use crate::config::SignRequest;
+use crate::http::date;
+
+/// Probes `/health` at `addr`: 0 when it answers 204, 1 otherwise (for images without curl).
+pub fn healthcheck(addr: SocketAddr) -> i32 {
+    let timeout = Duration::from_secs(3);
+    let result = (|| -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.write_all(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut reply = [0u8; 16];
+        let mut len = 0;
+        while len < reply.len() {
+            match stream.read(&mut reply[len..])? {
+                0 => break,
+                n => len += n,
+            }
+        }
+        Ok(reply[..len].starts_with(b"HTTP/1.1 204 "))
+    })();
+    match result {
+        Ok(true) => 0,
+        Ok(false) => {
+            eprintln!("sandboxd: {addr} is not healthy");
+            1
+        }
+        Err(e) => {
+            eprintln!("sandboxd: cannot probe {addr}: {e}");
+            1
+        }
+    }
+}
+
+/// Prints a signed URL for `request`; the token comes from the token file or
+/// `SANDBOXD_ACCESS_TOKEN`. Returns the exit code.
+pub fn sign(request: &SignRequest) -> i32 {
+    let token = match &request.access_token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display())),
+        None => std::env::var("SANDBOXD_ACCESS_TOKEN")
+            .map_err(|_| "set SANDBOXD_ACCESS_TOKEN or --access-token-file".to_string()),
+    };
+    let token = match token {
+        Ok(token) if !token.trim().is_empty() => token.trim().to_string(),
+        Ok(_) => {
+            eprintln!("sandboxd: the access token is empty");
+            return 2;
+        }
+        Err(message) => {
+            eprintln!("sandboxd: {message}");
+            return 2;
+        }
+    };
+    let operation = if request.write {
+        Operation::Write
+    } else {
+        Operation::Read
+    };
+    let expiration = date::now_unix().saturating_add(request.expires_in);
+    let query = auth::signed_url_query(
+        &request.path,
+        operation,
+        &request.username,
+        &token,
+        expiration,
+        request.version,
+    );
+    println!("{}/files?{query}", request.base_url);
+    0
+}

@@ -1,0 +1,123 @@
+//! The daemon's life: bind, serve, and stop cleanly on SIGTERM or SIGINT.
+//!
+//! Signals are blocked in every thread and received here with `sigwait`, which also works as
+//! PID 1 (blocked signals are queued even for init). As PID 1 sandboxd also reaps the orphans
+//! the sandbox leaves it.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use crate::app::App;
+use crate::config::Config;
+use crate::http::{self, ServerConfig};
+use crate::routes::Router;
+use crate::sys::process;
+use crate::{log, notify};
+
+const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
+
+/// Runs the daemon until a stop signal; returns the process exit code.
+pub fn run(config: Config) -> i32 {
+    if let Err(e) = process::block_signals(&SIGNALS) {
+        log::line(format_args!("cannot block signals: {e}"));
+        return 1;
+    }
+    match process::raise_nofile_limit() {
+        Ok(limit) => log::line(format_args!("open-file limit {limit}")),
+        Err(e) => log::line(format_args!("cannot raise the open-file limit: {e}")),
+    }
+    let token = match load_token(&config) {
+        Ok(token) => token,
+        Err(message) => {
+            log::line(format_args!("{message}"));
+            return 2;
+        }
+    };
+    if token.is_none() {
+        log::line(format_args!(
+            "warning: no access token configured: every route is open until POST /init sets one"
+        ));
+    }
+    let listener = match TcpListener::bind(config.listen) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log::line(format_args!("cannot listen on {}: {e}", config.listen));
+            return 1;
+        }
+    };
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| config.listen.to_string(), |a| a.to_string());
+    let server_config = ServerConfig {
+        workers: config.workers,
+        queue_capacity: (config.workers * 64).max(256),
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        send_timeout: config.send_timeout,
+        body_timeout: config.body_timeout,
+    };
+    let drain_timeout = config.drain_timeout;
+    let workers = config.workers;
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let app = Arc::new(App::new(config, token, env));
+    let router = Router {
+        app: Arc::clone(&app),
+    };
+    let server = match http::start(listener, server_config, router) {
+        Ok(server) => server,
+        Err(e) => {
+            log::line(format_args!("cannot start the server: {e}"));
+            return 1;
+        }
+    };
+    log::line(format_args!(
+        "sandboxd {} listening on {address} with {workers} workers",
+        env!("CARGO_PKG_VERSION")
+    ));
+    notify::send("READY=1");
+    loop {
+        match process::wait_signal(&SIGNALS) {
+            Ok(libc::SIGCHLD) => process::reap_children(),
+            Ok(signal) => {
+                log::line(format_args!("signal {signal}: draining"));
+                break;
+            }
+            Err(e) => {
+                log::line(format_args!("sigwait failed: {e}"));
+                break;
+            }
+        }
+    }
+    notify::send("STOPPING=1");
+    app.begin_shutdown();
+    server.stop_accepting();
+    if server.wait_idle(drain_timeout) {
+        log::line(format_args!("drained; exiting"));
+    } else {
+        log::line(format_args!(
+            "drain timeout of {drain_timeout:?} reached; exiting with requests in flight"
+        ));
+    }
+    0
+}
+
+/// The token from `--access-token-file`, else `SANDBOXD_ACCESS_TOKEN`; surrounding whitespace
+/// (a trailing newline) is not part of it, and an empty token is refused.
+fn load_token(config: &Config) -> Result<Option<String>, String> {
+    let token = match &config.access_token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display()))?,
+        None => match std::env::var("SANDBOXD_ACCESS_TOKEN") {
+            Ok(token) => token,
+            Err(_) => return Ok(None),
+        },
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err("the access token is empty".into());
+    }
+    Ok(Some(token.to_string()))
+}
