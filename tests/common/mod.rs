@@ -1,0 +1,303 @@
+//! Test harness: starts the real `sandboxd` binary on 127.0.0.1:0 with a temp dir, a passwd file
+//! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "test-token-0123456789";
+/// uid/gid of the test user: different from the test runner's, so ownership is observable.
+pub const USER_UID: u32 = 4242;
+pub const USER_GID: u32 = 4343;
+
+pub struct Daemon {
+    child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+pub struct Builder {
+    token: Option<String>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+pub fn builder() -> Builder {
+    Builder {
+        token: Some(TOKEN.to_string()),
+        args: Vec::new(),
+        env: Vec::new(),
+    }
+}
+
+impl Builder {
+    pub fn no_token(mut self) -> Self {
+        self.token = None;
+        self
+    }
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn start(self) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let home = dir.path().join("home/user");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(dir.path().join("root")).unwrap();
+        let passwd = dir.path().join("passwd");
+        std::fs::write(
+            &passwd,
+            format!(
+                "root:x:0:0:root:{root}:/bin/sh\nuser:x:{USER_UID}:{USER_GID}:User:{home}:/bin/sh\n",
+                root = dir.path().join("root").display(),
+                home = home.display()
+            ),
+        )
+        .unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--passwd-file"])
+            .arg(&passwd)
+            .args(&self.args)
+            .env_remove("SANDBOXD_ACCESS_TOKEN")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(token) = &self.token {
+            let file = dir.path().join("token");
+            std::fs::write(&file, format!("{token}\n")).unwrap();
+            command.arg("--access-token-file").arg(file);
+        }
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn sandboxd");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split(" listening on ").nth(1) {
+                    let addr = addr.split(' ').next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("daemon did not start: {:?}", log.lock().unwrap()));
+        Daemon {
+            child,
+            addr: addr.parse().unwrap(),
+            dir,
+            log,
+        }
+    }
+}
+
+pub fn start() -> Daemon {
+    builder().start()
+}
+
+/// A parsed response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    /// Asserts an SPEC §2 error: status, JSON content type, `code`, and the exact message.
+    pub fn assert_error(&self, status: u16, message: &str) {
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+        let json = self.json();
+        assert_eq!(json["code"], status);
+        assert_eq!(json["message"], message);
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl Daemon {
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home/user")
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream
+    }
+
+    /// Sends raw bytes on a new connection and reads one response.
+    pub fn raw(&self, request: &[u8]) -> Reply {
+        let mut stream = self.connect();
+        stream.write_all(request).unwrap();
+        read_reply(&mut BufReader::new(stream), false).expect("a response")
+    }
+
+    /// `method target` with the token, `Connection: close`, and an optional body.
+    pub fn call(&self, method: &str, target: &str, body: &[u8]) -> Reply {
+        self.call_with(method, target, &[("X-Access-Token", TOKEN)], body)
+    }
+
+    pub fn call_with(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Reply {
+        let mut request =
+            format!("{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if !body.is_empty() || method == "POST" {
+            request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        let reply = self.raw(&bytes);
+        if method == "HEAD" {
+            assert!(reply.body.is_empty());
+        }
+        reply
+    }
+
+    pub fn get(&self, target: &str) -> Reply {
+        self.call("GET", target, b"")
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads one response from `reader`. `head_only`: the request was HEAD (no body follows).
+pub fn read_reply(reader: &mut impl BufRead, head_only: bool) -> Option<Reply> {
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).ok()? == 0 {
+        return None;
+    }
+    let status: u16 = status_line.split(' ').nth(1)?.parse().ok()?;
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.to_string(), value.trim().to_string()));
+    }
+    let mut reply = Reply {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if status == 100 {
+        return Some(reply);
+    }
+    let no_body = head_only || status == 204 || status == 304;
+    match reply
+        .header("content-length")
+        .map(|v| v.parse::<usize>().unwrap())
+    {
+        _ if no_body => {}
+        Some(len) => {
+            reply.body.resize(len, 0);
+            reader.read_exact(&mut reply.body).ok()?;
+        }
+        None => {
+            reader.read_to_end(&mut reply.body).ok()?;
+        }
+    }
+    Some(reply)
+}
+
+/// Writes `contents` to `path`, creating parents.
+pub fn write_file(path: &Path, contents: &[u8]) {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(path, contents).unwrap();
+}
+
+/// Percent-encodes a query value.
+pub fn enc(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
