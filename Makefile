@@ -35,7 +35,7 @@ unit:
 	$(CARGO) test --locked --lib --bins
 
 integration:
-	$(CARGO) test --locked --tests
+	$(CARGO) test --locked --test '*'
 
 bench: build
 	@for script in scripts/bench/*; do [ -x "$$script" ] && "$$script" || exit 1; done
