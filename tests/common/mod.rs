@@ -2,7 +2,7 @@
 //! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -280,10 +280,10 @@ pub fn read_reply(reader: &mut impl BufRead, head_only: bool) -> Option<Reply> {
         _ if no_body => {}
         Some(len) => {
             reply.body.resize(len, 0);
-            reader.read_exact(&mut reply.body).ok()?;
+            std::io::Read::read_exact(reader, &mut reply.body).ok()?;
         }
         None => {
-            reader.read_to_end(&mut reply.body).ok()?;
+            std::io::Read::read_to_end(reader, &mut reply.body).ok()?;
         }
     }
     Some(reply)
