@@ -312,3 +312,27 @@ fn busy_clients_are_served_while_many_idle_connections_are_open() {
     assert!(took < Duration::from_secs(2), "64 clients took {took:?}");
     drop(idle);
 }
+
+#[test]
+fn a_flood_past_the_open_file_limit_does_not_stop_the_acceptor() {
+    // The hard limit caps what sandboxd can raise its soft limit to.
+    let daemon = builder()
+        .wrap_with_shell("ulimit -Sn 64 && ulimit -Hn 64 && exec")
+        .start();
+    let flood: Vec<_> = (0..150)
+        .filter_map(|_| std::net::TcpStream::connect(daemon.addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        daemon.log().iter().any(|l| l.contains("accept failed")),
+        "the limit was reached: {:?}",
+        daemon.log()
+    );
+    // Idle connections are closed first to make room, so a new client is served even now.
+    assert_eq!(daemon.get("/health").status, 204);
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..20 {
+        assert_eq!(daemon.get("/health").status, 204);
+    }
+}

@@ -22,6 +22,7 @@ pub struct Daemon {
 }
 
 pub struct Builder {
+    shell_prefix: Option<String>,
     token: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -29,6 +30,7 @@ pub struct Builder {
 
 pub fn builder() -> Builder {
     Builder {
+        shell_prefix: None,
         token: Some(TOKEN.to_string()),
         args: Vec::new(),
         env: Vec::new(),
@@ -42,6 +44,11 @@ impl Builder {
     }
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
+        self
+    }
+    /// Runs the binary through `sh -c '<prefix> "$0" "$@"'`, e.g. to set limits with `ulimit`.
+    pub fn wrap_with_shell(mut self, prefix: &str) -> Self {
+        self.shell_prefix = Some(prefix.to_string());
         self
     }
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -64,7 +71,17 @@ impl Builder {
             ),
         )
         .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        let binary = env!("CARGO_BIN_EXE_sandboxd");
+        let mut command = match &self.shell_prefix {
+            Some(prefix) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("{prefix} \"$0\" \"$@\""))
+                    .arg(binary);
+                sh
+            }
+            None => Command::new(binary),
+        };
         command
             .args(["--listen", "127.0.0.1:0", "--passwd-file"])
             .arg(&passwd)
