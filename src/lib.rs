@@ -4,3 +4,5 @@
 //! `auth` checks, `api` handles, `fs` and `stats` do the work, `sys` talks to the kernel.
 
 pub mod error;
+pub mod stats;
+pub mod sys;

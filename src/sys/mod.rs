@@ -1,0 +1,3 @@
+//! Thin libc wrappers: the only place with unsafe.
+
+pub mod statvfs;
