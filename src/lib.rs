@@ -15,4 +15,5 @@ pub mod http;
 pub mod log;
 pub mod notify;
 pub mod routes;
+pub mod stats;
 pub mod sys;

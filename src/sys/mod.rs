@@ -5,6 +5,7 @@
 
 pub mod net;
 pub mod process;
+pub mod statvfs;
 
 use std::io;
 
