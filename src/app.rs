@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use crate::auth;
 use crate::config::Config;
@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::fs::users::{self, User};
 use crate::http::query::Query;
 use crate::http::Head;
+use crate::stats::{Metrics, Sampler};
 
 pub struct App {
     pub config: Config,
@@ -24,6 +25,8 @@ pub struct App {
     /// Variables set by the last `/init`.
     init_env: RwLock<BTreeMap<String, String>>,
     shutting_down: AtomicBool,
+    /// `None` when /proc could not be opened; retried on the next `/metrics`.
+    sampler: Mutex<Option<Sampler>>,
 }
 
 #[derive(Debug, Clone)]
@@ -39,7 +42,6 @@ impl App {
             workdir: config.default_workdir.clone(),
         };
         App {
-            config,
             token: RwLock::new(token),
             defaults: RwLock::new(defaults),
             base_env: env
@@ -48,6 +50,8 @@ impl App {
                 .collect(),
             init_env: RwLock::new(BTreeMap::new()),
             shutting_down: AtomicBool::new(false),
+            sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
+            config,
         }
     }
 
@@ -89,6 +93,27 @@ impl App {
         if let Some(token) = token {
             *write(&self.token) = Some(token);
         }
+    }
+
+    /// One resource sample (SPEC §7); 500 naming the OS error when /proc can't be read.
+    pub fn sample_metrics(&self) -> Result<Metrics, ApiError> {
+        let mut sampler = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
+        if sampler.is_none() {
+            let config = &self.config;
+            let fresh = Sampler::new(&config.proc_root, &config.cgroup_root).map_err(|e| {
+                ApiError::internal(format!(
+                    "error opening resource sources under '{}': {e}",
+                    config.proc_root.display()
+                ))
+            })?;
+            *sampler = Some(fresh);
+        }
+        let Some(sampler) = sampler.as_mut() else {
+            return Err(ApiError::internal("resource sampler unavailable"));
+        };
+        sampler
+            .sample()
+            .map_err(|e| ApiError::internal(format!("error reading resource usage: {e}")))
     }
 
     pub fn begin_shutdown(&self) {

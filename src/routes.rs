@@ -15,6 +15,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/health", "GET, HEAD"),
     ("/envs", "GET, HEAD"),
     ("/init", "POST"),
+    ("/metrics", "GET, HEAD"),
 ];
 
 pub struct Router {
@@ -36,6 +37,10 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
             api::envs::get(app)
         }
         ("/init", "POST") => api::init::post(app, request),
+        ("/metrics", "GET" | "HEAD") => {
+            app.require_token(&request.head)?;
+            api::metrics::get(app)
+        }
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(

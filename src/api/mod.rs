@@ -3,6 +3,7 @@
 pub mod envs;
 pub mod health;
 pub mod init;
+pub mod metrics;
 
 use crate::error::ApiError;
 use crate::http::Body;
