@@ -16,6 +16,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/envs", "GET, HEAD"),
     ("/init", "POST"),
     ("/metrics", "GET, HEAD"),
+    ("/files/compose", "POST"),
 ];
 
 pub struct Router {
@@ -41,6 +42,7 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
             app.require_token(&request.head)?;
             api::metrics::get(app)
         }
+        ("/files/compose", "POST") => api::compose::post(app, request),
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(

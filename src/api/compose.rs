@@ -1,0 +1,51 @@
+//! `POST /files/compose` (SPEC §5): concatenate source files into a destination, then delete them.
+//!
+//! This module owns the request: the token, the JSON body, and validation steps 1 to 4 in SPEC's
+//! order (body, sources, destination, user). Steps 5 and 6 and the write are `fs::compose`'s.
+//! Nothing on disk changes before every step has passed.
+
+use serde::Deserialize;
+
+use super::read_json;
+use crate::app::App;
+use crate::error::ApiError;
+use crate::fs::{compose, dirs, paths};
+use crate::http::{Request, Response};
+
+/// Most sources in one compose (SPEC §10).
+pub const MAX_SOURCES: usize = 10_000;
+
+/// Missing fields are `None` rather than a serde error, so that each gets SPEC's own message.
+#[derive(Deserialize)]
+struct ComposeBody {
+    source_paths: Option<Vec<String>>,
+    destination: Option<String>,
+    username: Option<String>,
+}
+
+pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
+    app.require_token(&request.head)?;
+    let body: ComposeBody = read_json(&mut request.body)?;
+    let sources = body.source_paths.unwrap_or_default();
+    if sources.is_empty() {
+        return Err(ApiError::bad_request("source_paths must not be empty"));
+    }
+    if sources.len() > MAX_SOURCES {
+        return Err(ApiError::bad_request(format!(
+            "too many source_paths: at most {MAX_SOURCES}"
+        )));
+    }
+    let destination = match body.destination {
+        Some(destination) if !destination.is_empty() => destination,
+        _ => return Err(ApiError::bad_request("destination is required")),
+    };
+    let user = app.user(body.username.as_deref())?;
+    let workdir = app.defaults().workdir;
+    let destination = paths::resolve(&destination, &user, workdir.as_deref())?;
+    let plan = compose::validate(destination, sources.iter().map(String::as_str), |raw| {
+        paths::resolve(raw, &user, workdir.as_deref())
+    })?;
+    plan.run(user.uid, user.gid)?;
+    let record = dirs::file_record(plan.destination());
+    Ok(Response::json(200, record.to_string().into_bytes()))
+}

@@ -1,0 +1,246 @@
+//! Temporary files beside a destination, and removing the ones a killed sandboxd left behind.
+//!
+//! A temporary is named `.<name>.sandboxd-<pid>-<start>-<n>.tmp`: `<name>` is the destination's
+//! base name (shortened to fit `NAME_MAX`), `<pid>` and `<start>` identify the process that made
+//! it (its start time in clock ticks after boot, field 22 of `/proc/<pid>/stat`, so a reused pid
+//! is told apart), `<n>` a per-process counter. A temporary is stale, and removed by
+//! [`remove_stale`], when no running process has that pid and start time. Without a readable
+//! `/proc`, nothing is ever judged stale.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+const MARK: &[u8] = b".sandboxd-";
+const SUFFIX: &[u8] = b".tmp";
+const NAME_MAX: usize = 255;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// This process's (pid, start time), or `None` without `/proc`.
+fn me() -> Option<(u32, u64)> {
+    static ME: OnceLock<Option<(u32, u64)>> = OnceLock::new();
+    *ME.get_or_init(|| {
+        let pid = std::process::id();
+        let stat = fs::read_to_string("/proc/self/stat").ok()?;
+        let (_, start) = parse_stat(&stat)?;
+        Some((pid, start))
+    })
+}
+
+/// The state letter and start time of a `/proc/<pid>/stat` line. The command name may hold
+/// spaces and parentheses, so fields are counted after the last `)`.
+pub fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 3 is the state; field 22 the start time: 19 fields further.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// The temporary's name for destination base name `name`, made by process (pid, start).
+pub fn temp_name(name: &OsStr, pid: u32, start: u64, n: u64) -> OsString {
+    let suffix = format!(".sandboxd-{pid}-{start}-{n}.tmp");
+    let room = NAME_MAX - 1 - suffix.len();
+    let name = name.as_bytes();
+    let mut out = Vec::with_capacity(NAME_MAX);
+    out.push(b'.');
+    out.extend_from_slice(&name[..name.len().min(room)]);
+    out.extend_from_slice(suffix.as_bytes());
+    OsString::from_vec(out)
+}
+
+/// The (pid, start) in a temporary's name, or `None` if the name is not one of sandboxd's.
+pub fn parse_temp_name(name: &OsStr) -> Option<(u32, u64)> {
+    let name = name.as_bytes();
+    if name.first() != Some(&b'.') {
+        return None;
+    }
+    let body = name.strip_suffix(SUFFIX)?;
+    let at = body.windows(MARK.len()).rposition(|w| w == MARK)?;
+    let ids = std::str::from_utf8(&body[at + MARK.len()..]).ok()?;
+    let mut parts = ids.split('-');
+    let pid = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    parts.next()?.parse::<u64>().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((pid, start))
+}
+
+/// Whether process (pid, start) is gone: no such pid, a zombie, or a pid reused by a process
+/// started at another time. Unknown (no `/proc`, unreadable) counts as alive.
+fn is_gone(pid: u32, start: u64) -> bool {
+    let Some((my_pid, my_start)) = me() else {
+        return false;
+    };
+    if pid == my_pid {
+        return start != my_start;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match parse_stat(&stat) {
+            Some((state, started)) => matches!(state, 'Z' | 'X') || started != start,
+            None => false,
+        },
+        Err(err) => err.kind() == io::ErrorKind::NotFound,
+    }
+}
+
+/// Removes, in `dir`, the regular files named like sandboxd's temporaries whose process is gone.
+/// Best effort: errors are ignored (a leftover only wastes space).
+pub fn remove_stale(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some((pid, start)) = parse_temp_name(&entry.file_name()) else {
+            continue;
+        };
+        if entry.file_type().is_ok_and(|t| t.is_file()) && is_gone(pid, start) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// A new temporary file beside `destination`, mode 0644, removed when dropped unless kept.
+pub struct TempFile {
+    pub file: File,
+    pub path: PathBuf,
+    keep: bool,
+}
+
+impl TempFile {
+    /// Creates it with `O_EXCL` (never reusing or following anything already there).
+    pub fn create(dir: &Path, name: &OsStr) -> io::Result<TempFile> {
+        let (pid, start) = me().unwrap_or((std::process::id(), 0));
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = dir.join(temp_name(name, pid, start, n));
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(file) => {
+                    return Ok(TempFile {
+                        file,
+                        path,
+                        keep: false,
+                    })
+                }
+                // Someone else's file of that name: take the next number.
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Renames it over `destination`; from then on it is no longer removed when dropped.
+    pub fn rename_to(mut self, destination: &Path) -> io::Result<()> {
+        fs::rename(&self.path, destination)?;
+        self.keep = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_fit_name_max() {
+        let name = temp_name(OsStr::new("out.bin"), 42, 1234, 7);
+        assert_eq!(name, OsStr::new(".out.bin.sandboxd-42-1234-7.tmp"));
+        assert_eq!(parse_temp_name(&name), Some((42, 1234)));
+        let long = "x".repeat(255);
+        let name = temp_name(OsStr::new(&long), u32::MAX, u64::MAX, u64::MAX);
+        assert_eq!(name.len(), 255);
+        assert_eq!(parse_temp_name(&name), Some((u32::MAX, u64::MAX)));
+        // A destination name that itself looks like a temporary still parses by the last mark.
+        let tricky = temp_name(OsStr::new("a.sandboxd-1-2-3.tmp"), 9, 8, 7);
+        assert_eq!(parse_temp_name(&tricky), Some((9, 8)));
+    }
+
+    #[test]
+    fn other_names_are_not_temporaries() {
+        for name in [
+            "out.bin",
+            ".out.bin",
+            "out.sandboxd-1-2-3.tmp",
+            ".out.sandboxd-1-2.tmp",
+            ".out.sandboxd-1-2-3-4.tmp",
+            ".out.sandboxd-a-2-3.tmp",
+            ".out.sandboxd-1-2-3.tmpx",
+            ".out.sandboxd--2-3.tmp",
+        ] {
+            assert_eq!(parse_temp_name(OsStr::new(name)), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn parses_stat_with_a_hostile_command_name() {
+        let stat = "77 (a) b (c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1 2 3";
+        assert_eq!(parse_stat(stat), Some(('S', 987654)));
+        assert_eq!(parse_stat("77 (x) Z 1"), None);
+        assert_eq!(parse_stat("no parenthesis"), None);
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pid, start) = me().expect("/proc is mounted here");
+        // A child that has exited and been reaped: its pid is free.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let files = [
+            (temp_name(OsStr::new("a"), dead, 5, 0), false),
+            (temp_name(OsStr::new("b"), pid, start + 1, 0), false),
+            (temp_name(OsStr::new("c"), pid, start, 0), true),
+            (OsString::from("plain.tmp"), true),
+        ];
+        for (name, _) in &files {
+            fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        remove_stale(dir.path());
+        for (name, kept) in &files {
+            assert_eq!(dir.path().join(name).exists(), *kept, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn a_temp_file_is_removed_unless_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let temp = TempFile::create(dir.path(), OsStr::new("out")).unwrap();
+        let path = temp.path.clone();
+        assert!(path.exists());
+        drop(temp);
+        assert!(!path.exists());
+        let temp = TempFile::create(dir.path(), OsStr::new("out")).unwrap();
+        temp.rename_to(&dir.path().join("out")).unwrap();
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![OsString::from("out")]);
+    }
+}
