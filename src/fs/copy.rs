@@ -59,7 +59,8 @@ impl Appender {
     ) -> io::Result<u64> {
         let mut src_offset = 0u64;
         let mut dst_offset = dst_offset;
-        if self.try_clone && src_meta.dev() == self.dst_dev && dst_offset % self.block == 0 {
+        if self.try_clone && src_meta.dev() == self.dst_dev && dst_offset.is_multiple_of(self.block)
+        {
             let aligned = len - len % self.block;
             if aligned > 0 {
                 match copy::clone_range(src, 0, dst, dst_offset, aligned) {
