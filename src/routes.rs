@@ -15,6 +15,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/health", "GET, HEAD"),
     ("/envs", "GET, HEAD"),
     ("/init", "POST"),
+    ("/files", "GET, HEAD"),
 ];
 
 pub struct Router {
@@ -36,6 +37,7 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
             api::envs::get(app)
         }
         ("/init", "POST") => api::init::post(app, request),
+        ("/files", "GET" | "HEAD") => api::download::get(app, request),
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(

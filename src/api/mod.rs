@@ -1,5 +1,6 @@
 //! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out.
 
+pub mod download;
 pub mod envs;
 pub mod health;
 pub mod init;
