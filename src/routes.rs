@@ -17,6 +17,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/init", "POST"),
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
+    ("/files", "GET, HEAD"),
 ];
 
 pub struct Router {
@@ -43,6 +44,7 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
             api::metrics::get(app)
         }
         ("/files/compose", "POST") => api::compose::post(app, request),
+        ("/files", "GET" | "HEAD") => api::download::get(app, request),
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(

@@ -1,6 +1,7 @@
 //! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out.
 
 pub mod compose;
+pub mod download;
 pub mod envs;
 pub mod health;
 pub mod init;

@@ -1,0 +1,214 @@
+//! Header values describing a downloaded file: `Content-Type` from a built-in table of
+//! extensions, `Content-Disposition` from its name, and its strong `ETag`.
+//!
+//! Pure functions of names and numbers; the handler supplies them.
+
+/// `Content-Type` for a file name by its extension (ASCII case-insensitive);
+/// `application/octet-stream` when the extension is unknown or absent. A leading dot starts no
+/// extension (`.bashrc`). No charset is claimed: the bytes of a text file are not known to be UTF-8.
+pub fn content_type(name: &str) -> &'static str {
+    let extension = match name.rfind('.') {
+        Some(dot) if dot > 0 => &name[dot + 1..],
+        _ => return OCTET_STREAM,
+    };
+    let extension = extension.to_ascii_lowercase();
+    MIME_TYPES
+        .iter()
+        .find(|(ext, _)| *ext == extension)
+        .map_or(OCTET_STREAM, |(_, mime)| mime)
+}
+
+const OCTET_STREAM: &str = "application/octet-stream";
+
+const MIME_TYPES: &[(&str, &str)] = &[
+    ("7z", "application/x-7z-compressed"),
+    ("avif", "image/avif"),
+    ("bmp", "image/bmp"),
+    ("bz2", "application/x-bzip2"),
+    ("c", "text/x-c"),
+    ("css", "text/css"),
+    ("csv", "text/csv"),
+    ("gif", "image/gif"),
+    ("gz", "application/gzip"),
+    ("h", "text/x-c"),
+    ("htm", "text/html"),
+    ("html", "text/html"),
+    ("ico", "image/vnd.microsoft.icon"),
+    ("ipynb", "application/x-ipynb+json"),
+    ("jpeg", "image/jpeg"),
+    ("jpg", "image/jpeg"),
+    ("js", "text/javascript"),
+    ("json", "application/json"),
+    ("jsonl", "application/jsonl"),
+    ("log", "text/plain"),
+    ("md", "text/markdown"),
+    ("mjs", "text/javascript"),
+    ("mp3", "audio/mpeg"),
+    ("mp4", "video/mp4"),
+    ("oga", "audio/ogg"),
+    ("ogg", "audio/ogg"),
+    ("ogv", "video/ogg"),
+    ("otf", "font/otf"),
+    ("parquet", "application/vnd.apache.parquet"),
+    ("pdf", "application/pdf"),
+    ("png", "image/png"),
+    ("py", "text/x-python"),
+    ("rs", "text/x-rust"),
+    ("sh", "application/x-sh"),
+    ("svg", "image/svg+xml"),
+    ("tar", "application/x-tar"),
+    ("tgz", "application/gzip"),
+    ("toml", "application/toml"),
+    ("ts", "text/typescript"),
+    ("tsv", "text/tab-separated-values"),
+    ("ttf", "font/ttf"),
+    ("txt", "text/plain"),
+    ("wasm", "application/wasm"),
+    ("wav", "audio/wav"),
+    ("webm", "video/webm"),
+    ("webp", "image/webp"),
+    ("woff", "font/woff"),
+    ("woff2", "font/woff2"),
+    ("xml", "application/xml"),
+    ("xz", "application/x-xz"),
+    ("yaml", "application/yaml"),
+    ("yml", "application/yaml"),
+    ("zip", "application/zip"),
+    ("zst", "application/zstd"),
+];
+
+/// `Content-Disposition: inline` naming `name` (RFC 6266).
+///
+/// A name of printable ASCII without `"` or `\` is sent quoted as it is, which every client
+/// reads (curl's `-J` included). Any other name gets both an ASCII fallback in `filename=`
+/// (each offending character replaced by `_`) and the exact name in
+/// `filename*=utf-8''<percent-encoded>` (RFC 8187), which browsers prefer. Control characters
+/// never reach the header.
+pub fn content_disposition(name: &str) -> String {
+    let safe = |c: char| (' '..='~').contains(&c) && c != '"' && c != '\\';
+    if name.chars().all(safe) {
+        return format!("inline; filename=\"{name}\"");
+    }
+    let fallback: String = name
+        .chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect();
+    let mut encoded = String::with_capacity(name.len() * 3);
+    for &byte in name.as_bytes() {
+        if byte.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    format!("inline; filename=\"{fallback}\"; filename*=utf-8''{encoded}")
+}
+
+/// The strong ETag of a file version: device, inode, size and modification time in nanoseconds,
+/// in hex. A rewrite in place changes the size or the time; a replacement changes the inode.
+pub fn etag(dev: u64, ino: u64, size: u64, mtime_secs: i64, mtime_nsec: i64) -> String {
+    let nanos = i128::from(mtime_secs) * 1_000_000_000 + i128::from(mtime_nsec);
+    format!("\"{dev:x}-{ino:x}-{size:x}-{nanos:x}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_type_by_extension() {
+        assert_eq!(content_type("a.txt"), "text/plain");
+        assert_eq!(content_type("report.PDF"), "application/pdf");
+        assert_eq!(content_type("photo.JpEg"), "image/jpeg");
+        assert_eq!(content_type("archive.tar.gz"), "application/gzip");
+        assert_eq!(content_type("data.json"), "application/json");
+        assert_eq!(content_type(".hidden.png"), "image/png");
+    }
+
+    #[test]
+    fn content_type_defaults_to_octet_stream() {
+        for name in [
+            "Makefile",
+            ".bashrc",
+            ".txt",
+            "a.",
+            "a.unknownext",
+            "a.txt.bak",
+            "",
+        ] {
+            assert_eq!(content_type(name), "application/octet-stream", "{name}");
+        }
+    }
+
+    #[test]
+    fn mime_table_is_sorted_lowercase_and_unique() {
+        for pair in MIME_TYPES.windows(2) {
+            assert!(pair[0].0 < pair[1].0, "{:?} {:?}", pair[0], pair[1]);
+        }
+        for (ext, _) in MIME_TYPES {
+            assert_eq!(*ext, ext.to_ascii_lowercase());
+        }
+    }
+
+    #[test]
+    fn plain_names_are_quoted() {
+        assert_eq!(content_disposition("a.txt"), "inline; filename=\"a.txt\"");
+        assert_eq!(
+            content_disposition("my report (final).pdf"),
+            "inline; filename=\"my report (final).pdf\""
+        );
+        assert_eq!(
+            content_disposition(".bashrc"),
+            "inline; filename=\".bashrc\""
+        );
+        assert_eq!(
+            content_disposition("a;b=c,d.txt"),
+            "inline; filename=\"a;b=c,d.txt\""
+        );
+    }
+
+    #[test]
+    fn quotes_and_backslashes_use_the_extended_form() {
+        assert_eq!(
+            content_disposition("say \"hi\".txt"),
+            "inline; filename=\"say _hi_.txt\"; filename*=utf-8''say%20%22hi%22.txt"
+        );
+        assert_eq!(
+            content_disposition("a\\b"),
+            "inline; filename=\"a_b\"; filename*=utf-8''a%5Cb"
+        );
+    }
+
+    #[test]
+    fn non_ascii_uses_the_extended_form() {
+        assert_eq!(
+            content_disposition("résumé.pdf"),
+            "inline; filename=\"r_sum_.pdf\"; filename*=utf-8''r%C3%A9sum%C3%A9.pdf"
+        );
+        assert_eq!(
+            content_disposition("数据.csv"),
+            "inline; filename=\"__.csv\"; filename*=utf-8''%E6%95%B0%E6%8D%AE.csv"
+        );
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_header() {
+        let value = content_disposition("evil\r\nSet-Cookie: x\t.txt");
+        assert!(!value.chars().any(|c| c.is_control()), "{value:?}");
+        assert_eq!(
+            value,
+            "inline; filename=\"evil__Set-Cookie: x_.txt\"; \
+             filename*=utf-8''evil%0D%0ASet-Cookie%3A%20x%09.txt"
+        );
+    }
+
+    #[test]
+    fn etag_is_hex_of_every_part() {
+        assert_eq!(etag(0x801, 42, 1024, 1, 5), "\"801-2a-400-3b9aca05\"");
+        assert_eq!(etag(0, 0, 0, 0, 0), "\"0-0-0-0\"");
+        assert_ne!(etag(1, 2, 3, 4, 5), etag(1, 2, 3, 4, 6));
+        assert_ne!(etag(1, 2, 3, 4, 5), etag(1, 2, 4, 4, 5));
+        assert_ne!(etag(1, 2, 3, 4, 5), etag(1, 3, 3, 4, 5));
+        assert_ne!(etag(1, 2, 3, 4, 5), etag(2, 2, 3, 4, 5));
+    }
+}
