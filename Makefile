@@ -38,7 +38,7 @@ integration:
 	$(CARGO) test --locked --test '*'
 
 bench: build
-	@for script in scripts/bench/*; do [ -x "$$script" ] && "$$script" || exit 1; done
+	@for script in scripts/bench/*; do if [ -x "$$script" ]; then "$$script" || exit 1; fi; done
 
 clean:
 	$(CARGO) clean
