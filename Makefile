@@ -38,7 +38,7 @@ integration:
 	$(CARGO) test --locked --tests
 
 bench: build
-	@for script in scripts/bench/*; do [ -x "$$script" ] && "$$script" || exit 1; done
+	@for script in scripts/bench/*; do [ ! -x "$$script" ] || "$$script" || exit 1; done
 
 clean:
 	$(CARGO) clean
