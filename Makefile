@@ -4,7 +4,7 @@ BIN     := target/$(TARGET)/release/sandboxd
 ADDR    ?= 127.0.0.1:49983
 CARGO   ?= cargo
 
-.PHONY: build run test unit integration lint bench soak fuzz clean
+.PHONY: build run test unit integration lint bench fuzz clean
 
 build: $(BIN)
 
@@ -39,6 +39,17 @@ integration:
 
 bench: build
 	@for script in scripts/bench/*; do if [ -x "$$script" ]; then "$$script" || exit 1; fi; done
+
+# Fuzzing with cargo-fuzz (libFuzzer). Stable Rust: RUSTC_BOOTSTRAP lets cargo-fuzz use the
+# sanitizer flags. FUZZ_SECONDS per target (default 60); findings land in fuzz/artifacts/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := head chunked query range_and_conditions json_bodies proc_and_cgroup
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@for target in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$target for $(FUZZ_SECONDS)s"; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -11,6 +11,8 @@ pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod fs;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod http;
 pub mod log;
 pub mod notify;

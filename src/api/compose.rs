@@ -17,7 +17,7 @@ pub const MAX_SOURCES: usize = 10_000;
 
 /// Missing fields are `None` rather than a serde error, so that each gets SPEC's own message.
 #[derive(Deserialize)]
-struct ComposeBody {
+pub(crate) struct ComposeBody {
     source_paths: Option<Vec<String>>,
     destination: Option<String>,
     username: Option<String>,

@@ -17,7 +17,7 @@ use crate::http::{Request, Response};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct InitBody {
+pub(crate) struct InitBody {
     access_token: Option<String>,
     env_vars: Option<BTreeMap<String, String>>,
     default_user: Option<String>,

@@ -4,14 +4,14 @@
 //! Owns the public API, `Metrics` and `Sampler`. The parsers below are pure (text in, numbers
 //! out, no file opened); `sampler` alone does I/O, through descriptors opened once.
 
-mod affinity;
-mod cgroup_detect;
-mod cgroup_v1;
-mod cgroup_v2;
+pub(crate) mod affinity;
+pub(crate) mod cgroup_detect;
+pub(crate) mod cgroup_v1;
+pub(crate) mod cgroup_v2;
 mod compute;
-mod meminfo;
+pub(crate) mod meminfo;
 mod num;
-mod proc_stat;
+pub(crate) mod proc_stat;
 mod quota;
 mod sampler;
 

@@ -16,9 +16,9 @@
 //! - `X-Content-Type-Options: nosniff` goes with every file, so a browser never runs a
 //!   `.txt` as HTML.
 
-mod conditional;
+pub(crate) mod conditional;
 mod headers;
-mod range;
+pub(crate) mod range;
 
 use std::fs::{File, FileType, Metadata, OpenOptions};
 use std::io;

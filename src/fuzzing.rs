@@ -1,0 +1,129 @@
+//! Entry points for the fuzz targets in `fuzz/` (feature `fuzzing` only, never in releases).
+//!
+//! Each function feeds arbitrary input to one parser and checks the invariants that must hold
+//! for any input; a panic or a failed assertion is a finding.
+
+use crate::api::download::{conditional, range};
+use crate::http::chunked::{ChunkedDecoder, Next};
+use crate::http::head::{Head, MAX_HEAD_BYTES};
+use crate::http::query::{self, Query};
+use crate::stats::{affinity, cgroup_detect, cgroup_v1, cgroup_v2, meminfo, proc_stat};
+
+/// Request heads: a parsed head never claims more bytes than given or than the limit.
+pub fn head(data: &[u8]) {
+    if let Ok(Some((head, len))) = Head::parse(data) {
+        assert!(len <= data.len() && len <= MAX_HEAD_BYTES);
+        let _ = (
+            head.method(),
+            head.path(),
+            head.raw_query(),
+            head.header("host"),
+        );
+        let _ = head.header_has_token("connection", "close");
+    }
+}
+
+/// Chunked bodies fed in pieces whose sizes come from the first byte: the data decoded must
+/// not depend on how the input was split.
+pub fn chunked(data: &[u8]) {
+    let Some((&piece, body)) = data.split_first() else {
+        return;
+    };
+    let whole = decode_chunked(body, body.len().max(1));
+    let split = decode_chunked(body, usize::from(piece % 16) + 1);
+    assert_eq!(whole, split);
+}
+
+fn decode_chunked(input: &[u8], piece: usize) -> Result<Vec<u8>, ()> {
+    let mut decoder = ChunkedDecoder::default();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    let mut end = piece.min(input.len());
+    loop {
+        let (used, next) = decoder.advance(&input[pos..end]).map_err(|_| ())?;
+        pos += used;
+        match next {
+            Next::Done => return Ok(out),
+            Next::Data(n) => {
+                let take = usize::try_from(n).unwrap_or(usize::MAX).min(end - pos);
+                out.extend_from_slice(&input[pos..pos + take]);
+                decoder.consumed_data(take as u64);
+                pos += take;
+                if take == 0 && end == input.len() {
+                    return Err(());
+                }
+            }
+            Next::NeedMore if end == input.len() => return Err(()),
+            Next::NeedMore => {}
+        }
+        if pos == end {
+            end = (end + piece).min(input.len());
+        }
+    }
+}
+
+/// Query strings: decoding never panics; a redacted target never contains a signature value.
+pub fn query(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = Query::parse(text);
+    let _ = query::decode(text);
+    let target = format!("/files?{text}");
+    let redacted = query::redact_signature(&target);
+    if let Ok(parsed) = Query::parse(redacted.split_once('?').map_or("", |(_, q)| q)) {
+        assert!(parsed.get("signature").is_none(), "{target} -> {redacted}");
+    }
+}
+
+/// `Range` and the conditional headers against a file of a size taken from the input.
+pub fn range_and_conditions(data: &[u8]) {
+    if data.len() < 8 {
+        return;
+    }
+    let (size, rest) = data.split_at(8);
+    let size = u64::from_le_bytes(size.try_into().unwrap_or([0; 8]));
+    if let range::Range::Partial { start, end } = range::parse(rest, size) {
+        assert!(start <= end && end < size, "{start}-{end} of {size}");
+    }
+    let text = String::from_utf8_lossy(rest);
+    let mut parts = text.split('\n');
+    let mut next = || parts.next();
+    let conditions = conditional::Conditions {
+        if_match: next(),
+        if_none_match: next(),
+        if_modified_since: next(),
+        if_unmodified_since: next(),
+        if_range: next(),
+    };
+    let validators = conditional::Validators {
+        etag: "\"1-2-3-4\"",
+        mtime: 1_700_000_000,
+        now: 1_700_000_100,
+    };
+    let _ = conditional::evaluate(&conditions, &validators);
+}
+
+/// The JSON bodies of compose and init: deserialisation never panics.
+pub fn json_bodies(data: &[u8]) {
+    let _ = serde_json::from_slice::<crate::api::compose::ComposeBody>(data);
+    let _ = serde_json::from_slice::<crate::api::init::InitBody>(data);
+}
+
+/// Every /proc and cgroup parser on the same text.
+pub fn proc_and_cgroup(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = proc_stat::parse(&text);
+    let _ = meminfo::parse(&text);
+    let _ = affinity::parse_status(&text);
+    let _ = cgroup_detect::parse_self_cgroup(&text);
+    let _ = cgroup_detect::parse_mountinfo(&text);
+    let _ = cgroup_v1::parse_limit_in_bytes(&text);
+    let _ = cgroup_v1::parse_memory_stat(&text);
+    let _ = cgroup_v1::parse_cfs_quota_us(&text);
+    let _ = cgroup_v1::parse_cpuacct_usage(&text);
+    let _ = cgroup_v2::parse_memory_max(&text);
+    let _ = cgroup_v2::parse_memory_stat(&text);
+    let _ = cgroup_v2::parse_cpu_max(&text);
+    let _ = cgroup_v2::parse_cpu_stat_usage_usec(&text);
+}
