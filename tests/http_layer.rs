@@ -336,3 +336,43 @@ fn a_flood_past_the_open_file_limit_does_not_stop_the_acceptor() {
         assert_eq!(daemon.get("/health").status, 204);
     }
 }
+
+#[test]
+fn a_full_queue_is_answered_503_and_service_resumes() {
+    // One worker, held by a request whose body never comes; the queue holds 256 more.
+    let daemon = builder().arg("--workers").arg("1").start();
+    let mut holder = daemon.connect();
+    let head =
+        format!("POST /init HTTP/1.1\r\nX-Access-Token: {TOKEN}\r\nContent-Length: 10\r\n\r\n{{");
+    holder.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let waiting: Vec<_> = (0..300)
+        .map(|_| {
+            let mut stream = daemon.connect();
+            stream
+                .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    holder.write_all(b"\"x\":1}     ").unwrap();
+    let mut statuses = std::collections::BTreeMap::new();
+    for stream in waiting {
+        let reply = read_reply(&mut BufReader::new(stream), false).expect("every client answered");
+        if reply.status == 503 {
+            reply.assert_error(503, "server busy: too many requests waiting, try again");
+            assert_eq!(reply.header("connection"), Some("close"));
+        }
+        *statuses.entry(reply.status).or_insert(0) += 1;
+    }
+    assert!(
+        statuses.get(&503).copied().unwrap_or(0) >= 300 - 256,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.get(&204).copied().unwrap_or(0) >= 200,
+        "{statuses:?}"
+    );
+    assert_eq!(daemon.get("/health").status, 204);
+}
