@@ -17,7 +17,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/init", "POST"),
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
-    ("/files", "GET, HEAD"),
+    ("/files", "GET, HEAD, POST"),
 ];
 
 pub struct Router {
@@ -45,6 +45,7 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
         }
         ("/files/compose", "POST") => api::compose::post(app, request),
         ("/files", "GET" | "HEAD") => api::download::get(app, request),
+        ("/files", "POST") => api::upload::post(app, request),
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, Reply};
+use common::{is_root, temporaries, Daemon, Mount, Reply};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -28,18 +28,6 @@ fn compose(daemon: &Daemon, body: serde_json::Value) -> Reply {
 
 fn compose_raw(daemon: &Daemon, body: &[u8]) -> Reply {
     daemon.call("POST", "/files/compose", body)
-}
-
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .map(|ids| ids.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 /// Every entry under `dir` with what identifies its state: kind, contents or link target, owner.
@@ -69,48 +57,10 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, String> {
     out
 }
 
-/// Names in `dir` that look like sandboxd's temporaries.
-fn temporaries(dir: &Path) -> Vec<String> {
-    fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.contains(".sandboxd-") && name.ends_with(".tmp"))
-        .collect()
-}
-
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed) ^ (i >> 12) as u8)
         .collect()
-}
-
-/// A mount made by a test, unmounted when dropped, even when the test fails.
-struct Mount(PathBuf);
-
-impl Mount {
-    fn tmpfs(at: &Path, size: &str) -> Mount {
-        fs::create_dir_all(at).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount tmpfs on {}", at.display());
-        Mount(at.to_path_buf())
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
 }
 
 #[test]

@@ -6,6 +6,7 @@ pub mod envs;
 pub mod health;
 pub mod init;
 pub mod metrics;
+pub mod upload;
 
 use crate::error::ApiError;
 use crate::http::Body;

@@ -19,16 +19,12 @@
 use std::collections::HashSet;
 use std::fs::{self, File, Metadata, OpenOptions};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::ApiError;
+use crate::fs::atomic::Staged;
 use crate::fs::copy::Appender;
-use crate::fs::dirs;
-use crate::fs::temp::{self, TempFile};
-
-/// The mode of a composed file.
-pub const FILE_MODE: u32 = 0o644;
 
 /// A compose that passed validation.
 #[derive(Debug)]
@@ -99,29 +95,14 @@ impl Plan {
     /// sources and the previous destination are as they were.
     pub fn run(&self, uid: u32, gid: u32) -> Result<(), ApiError> {
         let destination = &self.destination;
-        let (Some(dir), Some(name)) = (destination.parent(), destination.file_name()) else {
-            return Err(ApiError::bad_request(format!(
-                "destination is a directory: {}",
-                destination.display()
-            )));
-        };
-        dirs::create_parents(destination, uid, gid)?;
-        temp::remove_stale(dir);
-        let writing = |err: io::Error| {
-            ApiError::from_io(&err, &format!("writing '{}'", destination.display()))
-        };
-        let temp = TempFile::create(dir, name).map_err(writing)?;
-        // Exactly 0644 whatever the umask, and the user's, before any byte is written.
-        temp.file
-            .set_permissions(fs::Permissions::from_mode(FILE_MODE))
-            .map_err(writing)?;
-        std::os::unix::fs::fchown(&temp.file, Some(uid), Some(gid)).map_err(writing)?;
-        let mut appender = Appender::new(&temp.file.metadata().map_err(writing)?);
+        let staged = Staged::create(destination, uid, gid)?;
+        let meta = staged.file().metadata().map_err(|e| staged.error(&e))?;
+        let mut appender = Appender::new(&meta);
         let mut offset = 0u64;
         for source in &self.sources {
             let (file, meta) = open_source(source)?;
             offset += appender
-                .append(&file, &meta, meta.len(), &temp.file, offset)
+                .append(&file, &meta, meta.len(), staged.file(), offset)
                 .map_err(|err| {
                     let what = format!(
                         "appending '{}' to '{}'",
@@ -131,11 +112,7 @@ impl Plan {
                     ApiError::from_io(&err, &what)
                 })?;
         }
-        temp.file.sync_all().map_err(writing)?;
-        temp.rename_to(destination).map_err(writing)?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|err| ApiError::from_io(&err, &format!("syncing '{}'", dir.display())))?;
+        staged.commit()?;
         self.delete_sources();
         Ok(())
     }

@@ -10,6 +10,7 @@ pub mod chunked;
 mod connection;
 pub mod date;
 pub mod head;
+pub mod multipart;
 pub mod query;
 mod response;
 mod server;

@@ -2,6 +2,7 @@
 //! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
 #![allow(dead_code)]
 
+use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -315,4 +316,55 @@ pub fn write_file(path: &Path, contents: &[u8]) {
 /// Percent-encodes a query value.
 pub fn enc(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+/// True when the tests run as root (mounts, chown to another user).
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|ids| ids.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Names in `dir` that look like sandboxd's temporaries.
+pub fn temporaries(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".sandboxd-") && name.ends_with(".tmp"))
+        .collect()
+}
+
+/// A mount made by a test, unmounted when dropped, even when the test fails.
+pub struct Mount(pub PathBuf);
+
+impl Mount {
+    pub fn tmpfs(at: &Path, size: &str) -> Mount {
+        fs::create_dir_all(at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs on {}", at.display());
+        Mount(at.to_path_buf())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
 }
