@@ -127,3 +127,63 @@ pub fn proc_and_cgroup(data: &[u8]) {
     let _ = cgroup_v2::parse_cpu_max(&text);
     let _ = cgroup_v2::parse_cpu_stat_usage_usec(&text);
 }
+
+/// Multipart bodies: the `Content-Type` parameter parser, and a body whose parts must come out
+/// the same whether it is fed whole or in pieces (boundaries straddling reads).
+pub fn multipart(data: &[u8]) {
+    use crate::http::multipart::{boundary, Parser};
+    let _ = boundary(data);
+    let Some((&len, rest)) = data.split_first() else {
+        return;
+    };
+    let len = usize::from(len % 70) + 1;
+    if rest.len() < len + 1 {
+        return;
+    }
+    let (boundary, rest) = rest.split_at(len);
+    let (&piece, body) = rest.split_first().unwrap_or((&1, &[]));
+    let whole = parse_multipart(Parser::new(boundary), body, body.len().max(1));
+    let split = parse_multipart(Parser::new(boundary), body, usize::from(piece % 32) + 1);
+    assert_eq!(whole, split);
+}
+
+/// Each part's filename and data.
+type Parts = Vec<(Option<String>, Vec<u8>)>;
+
+/// Feeds `body` in pieces of `piece` bytes, keeping unconsumed bytes as a caller must; returns
+/// each part's filename and data, or the error.
+fn parse_multipart(
+    mut parser: crate::http::multipart::Parser,
+    body: &[u8],
+    piece: usize,
+) -> Result<Parts, crate::http::multipart::MultipartError> {
+    use crate::http::multipart::Event;
+    let mut parts: Parts = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut fed = 0;
+    loop {
+        let (used, event) = parser.advance(&pending)?;
+        match event {
+            Event::Part(head) => parts.push((head.filename, Vec::new())),
+            Event::Data(range) => {
+                if let Some((_, data)) = parts.last_mut() {
+                    data.extend_from_slice(&pending[range]);
+                }
+            }
+            Event::PartEnd => {}
+            Event::End => return Ok(parts),
+            Event::NeedMore if fed == body.len() => {
+                parser.finish()?;
+                return Ok(parts);
+            }
+            Event::NeedMore => {
+                let end = (fed + piece).min(body.len());
+                pending.drain(..used);
+                pending.extend_from_slice(&body[fed..end]);
+                fed = end;
+                continue;
+            }
+        }
+        pending.drain(..used);
+    }
+}
