@@ -37,8 +37,14 @@ unit:
 integration:
 	$(CARGO) test --locked --test '*'
 
+# Every benchmark in scripts/bench/, then one table of their rows (target/bench/results.tsv).
+BENCH_RESULTS := $(CURDIR)/target/bench/results.tsv
 bench: build
-	@for script in scripts/bench/*; do if [ -x "$$script" ]; then "$$script" || exit 1; fi; done
+	@mkdir -p $(dir $(BENCH_RESULTS)) && : > $(BENCH_RESULTS)
+	@for script in scripts/bench/*; do \
+	  if [ -x "$$script" ]; then echo "== $$script"; BENCH_RESULTS=$(BENCH_RESULTS) "$$script" || exit 1; fi; \
+	done
+	@scripts/bench-table $(BENCH_RESULTS) | tee $(dir $(BENCH_RESULTS))summary.md
 
 # Fuzzing with cargo-fuzz (libFuzzer). Stable Rust: RUSTC_BOOTSTRAP lets cargo-fuzz use the
 # sanitizer flags. FUZZ_SECONDS per target (default 60); findings land in fuzz/artifacts/.

@@ -178,3 +178,10 @@ machine_line() {
     mem=$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
     echo "machine: ${cpu:-unknown CPU}, $(nproc) cores, Linux $(uname -r), $mem RAM, load $(cut -d' ' -f1-3 /proc/loadavg)"
 }
+
+# bench_row METRIC SANDBOXD PEER PEER_VALUE RATIO TARGET: one row of `make bench`'s summary table,
+# appended to $BENCH_RESULTS when set (TARGET like ">=1.0" or "<=2.0" applies to RATIO, or to
+# SANDBOXD when PEER is "-"). Without BENCH_RESULTS, a no-op.
+bench_row() {
+    [ -z "${BENCH_RESULTS:-}" ] || printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$BENCH_RESULTS"
+}
