@@ -579,7 +579,28 @@ fn odd_paths_on_download_upload_and_compose() {
         .as_str()
         .unwrap()
         .starts_with("invalid request body: "));
+    // A component longer than NAME_MAX (255) within 4096 bytes: the client's error, 400, for
+    // the file's name and for a directory on the way (schemathesis found 500 here).
+    let name = "n".repeat(300);
+    let too_long_name = |path: &Path, doing: &str| {
+        format!(
+            "error {doing} '{}': File name too long (os error 36)",
+            path.display()
+        )
+    };
+    get(&format!("path={name}")).assert_error(
+        400,
+        &format!("path '{}' is too long", home.join(&name).display()),
+    );
+    post(&format!("path={name}")).assert_error(400, &too_long_name(&home.join(&name), "writing"));
+    let reply = post(&format!("path={name}/x"));
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    compose(json!({"source_paths": ["a.part"], "destination": name})).assert_error(
+        400,
+        &too_long_name(&home.join(&name), "checking destination"),
+    );
     assert_eq!(snapshot(&home), before, "a refused request changed files");
+    assert!(temporaries(&home).is_empty(), "{:?}", temporaries(&home));
 
     // `..` past `/` stays at `/`: climbing from the home far enough reaches any absolute path.
     let climb = |path: &Path| format!("{}{}", "../".repeat(64), path.display());
