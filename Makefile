@@ -59,3 +59,11 @@ fuzz:
 
 clean:
 	$(CARGO) clean
+
+# Soak: the long ignored tests (kill -9 rounds), schemathesis against docs/openapi.yaml on the
+# running daemon, and wrk load (DURATION, default 30s). Minutes, not seconds; not part of `test`.
+.PHONY: soak
+soak: build
+	$(CARGO) test --release --locked -- --ignored
+	scripts/soak/schemathesis
+	scripts/soak/load

@@ -2,7 +2,7 @@
 //!
 //! Handlers return `Result<_, ApiError>`; the router turns the error into the JSON body of SPEC §2,
 //! `{"code":<status>,"message":"<sentence>"}`. This module owns the mapping from OS errors to
-//! statuses (`ENOSPC`/`EDQUOT` -> 507) and nothing else.
+//! statuses (`ENOSPC`/`EDQUOT` -> 507, `ENAMETOOLONG` -> 400) and nothing else.
 
 use std::fmt;
 use std::io;
@@ -48,10 +48,14 @@ impl ApiError {
     }
 
     /// Maps an OS error met while doing `what` (for example "writing '/home/user/a'"):
-    /// a full disk or quota is 507 with SPEC's fixed message, anything else 500 naming the error.
+    /// a full disk or quota is 507 with SPEC's fixed message; a path component longer than the
+    /// filesystem's NAME_MAX (a path within SPEC's 4096 bytes can hold one) is the client's
+    /// input, 400; anything else 500 naming the error.
     pub fn from_io(err: &io::Error, what: &str) -> Self {
         if is_disk_full(err) {
             Self::new(507, DISK_FULL)
+        } else if err.raw_os_error() == Some(libc::ENAMETOOLONG) {
+            Self::bad_request(format!("error {what}: {err}"))
         } else {
             Self::internal(format!("error {what}: {err}"))
         }
@@ -104,6 +108,20 @@ mod tests {
             let err = ApiError::from_io(&io::Error::from_raw_os_error(errno), "writing 'a'");
             assert_eq!(err, ApiError::new(507, DISK_FULL));
         }
+    }
+
+    #[test]
+    fn a_name_too_long_is_the_clients_400() {
+        let err = ApiError::from_io(
+            &io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+            "writing 'a'",
+        );
+        assert_eq!(err.status, 400);
+        assert!(
+            err.message.starts_with("error writing 'a': "),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

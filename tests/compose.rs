@@ -521,6 +521,11 @@ fn a_full_disk_is_507_and_touches_nothing() {
     assert!(temporaries(&small).is_empty());
     assert_eq!(fs::read(home.join("a")).unwrap(), a);
     assert_eq!(fs::read(small.join("out.bin")).unwrap(), b"old");
+    assert_eq!(
+        daemon.get("/health").status,
+        204,
+        "still serving after ENOSPC"
+    );
 }
 
 #[test]

@@ -2,10 +2,14 @@
 //!
 //! A worker runs [`serve`] while the connection has requests ready; when it has none, the
 //! connection goes back to the event loop ([`Outcome::Park`]) and the worker is free again.
+//! That includes a head that is only partly there: a worker never waits for the rest of a head
+//! (a slowloris client trickling one would otherwise hold it until the header timeout), so the
+//! connection is parked with the bytes it sent and its header deadline, and comes back when more
+//! arrive.
 
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::body::{Body, Framing, FramingError};
 use super::date::DateCache;
@@ -20,10 +24,14 @@ use crate::log;
 /// Most bytes of an unread request body discarded to keep a connection alive; past it, closed.
 const DISCARD_CAP: u64 = 256 * 1024;
 
-/// A connection between requests: its socket and any bytes already received (pipelining).
+/// A connection between requests: its socket, any bytes already received (pipelining, or the
+/// start of a head), and the deadline of the head being received, if one is.
 pub struct Conn {
     pub socket: TcpStream,
     pub pending: Vec<u8>,
+    /// When the head must be complete: set at accept and when a head starts arriving on a
+    /// kept-alive connection; `None` between requests (the idle timeout applies then).
+    pub head_deadline: Option<Instant>,
 }
 
 pub enum Outcome {
@@ -42,7 +50,9 @@ pub struct Scratch {
 
 enum ReadHead {
     Ready(Head),
-    /// The peer closed or went silent before a complete head.
+    /// Part of a head, nothing more to read yet: park the connection.
+    Partial,
+    /// The peer closed, or the header deadline passed, before a complete head.
     Gone,
     Refused(ApiError),
 }
@@ -53,27 +63,38 @@ pub fn serve<H: Handler>(conn: Conn, shared: &Shared<H>, scratch: &mut Scratch) 
         std::mem::take(&mut scratch.read_buffer),
         &conn.pending,
     );
-    let keep = serve_requests(&mut stream, shared, scratch);
+    let mut head_deadline = conn.head_deadline;
+    let keep = serve_requests(&mut stream, shared, scratch, &mut head_deadline);
     let (socket, pending, buffer) = stream.into_parts();
     scratch.read_buffer = buffer;
     if keep {
-        Outcome::Park(Conn { socket, pending })
+        Outcome::Park(Conn {
+            socket,
+            pending,
+            head_deadline,
+        })
     } else {
         Outcome::Close
     }
 }
 
 /// Serves requests until the connection must close (false) or has nothing more to say right
-/// now (true: park it).
+/// now (true: park it, with `head_deadline` set when a head is under way).
 fn serve_requests<H: Handler>(
     stream: &mut Stream,
     shared: &Shared<H>,
     scratch: &mut Scratch,
+    head_deadline: &mut Option<Instant>,
 ) -> bool {
     loop {
         let started = Instant::now();
-        let head = match read_head(stream, shared.config.header_timeout) {
-            ReadHead::Ready(head) => head,
+        let deadline = *head_deadline.get_or_insert(started + shared.config.header_timeout);
+        let head = match read_head(stream, deadline) {
+            ReadHead::Ready(head) => {
+                *head_deadline = None;
+                head
+            }
+            ReadHead::Partial => return true,
             ReadHead::Gone => return false,
             ReadHead::Refused(error) => {
                 let options = write_options(scratch, false, false, false);
@@ -131,7 +152,10 @@ fn serve_requests<H: Handler>(
         if stream.buffered().is_empty() {
             match stream.fill_nonblocking() {
                 Ok(Some(n)) if n > 0 => {}
-                Ok(None) => return true,
+                Ok(None) => {
+                    *head_deadline = None;
+                    return true;
+                }
                 _ => return false,
             }
         }
@@ -153,9 +177,9 @@ fn write_options(
     (options, &mut scratch.head_buffer)
 }
 
-/// Reads until a complete head is buffered, within `timeout` from now.
-fn read_head(stream: &mut Stream, timeout: Duration) -> ReadHead {
-    let deadline = Instant::now() + timeout;
+/// Parses the head from what is buffered, reading what the peer already sent without ever
+/// waiting for more: an incomplete head is `Partial`, and `Gone` once `deadline` has passed.
+fn read_head(stream: &mut Stream, deadline: Instant) -> ReadHead {
     loop {
         match Head::parse(stream.buffered()) {
             Ok(Some((head, len))) => {
@@ -175,13 +199,13 @@ fn read_head(stream: &mut Stream, timeout: Duration) -> ReadHead {
                 )))
             }
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() || stream.set_read_timeout(remaining).is_err() {
+        if Instant::now() >= deadline {
             return ReadHead::Gone;
         }
-        match stream.fill() {
-            Ok(0) | Err(_) => return ReadHead::Gone,
-            Ok(_) => {}
+        match stream.fill_nonblocking() {
+            Ok(Some(0)) | Err(_) => return ReadHead::Gone,
+            Ok(Some(_)) => {}
+            Ok(None) => return ReadHead::Partial,
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! One thread accepts connections and watches idle ones with epoll; a connection is handed to
 //! the bounded ready queue only when it has bytes to read, so idle keep-alive connections (a
-//! proxy's pool, an SDK's) cost a descriptor, never a worker, and cannot starve anyone. A fixed
+//! proxy's pool, an SDK's) cost a descriptor, never a worker, and cannot starve anyone. A
+//! connection whose head is incomplete is parked too, until its header deadline. A fixed
 //! pool of workers takes ready connections one at a time and gives them back when they fall idle.
 //!
 //! The loop never blocks and never stops: a full queue is answered 503 and closed; accept errors
@@ -144,7 +145,11 @@ impl<H: Handler> Shared<H> {
             };
             if let Outcome::Park(conn) = connection::serve(conn, self, &mut scratch) {
                 if !self.stopping.load(Ordering::Relaxed) {
-                    self.park(conn, Instant::now() + self.config.idle_timeout, false);
+                    // A head under way keeps its header deadline; between requests, idle.
+                    let deadline = conn
+                        .head_deadline
+                        .unwrap_or_else(|| Instant::now() + self.config.idle_timeout);
+                    self.park(conn, deadline, false);
                 }
             }
             self.active.fetch_sub(1, Ordering::SeqCst);
@@ -264,6 +269,7 @@ impl<H: Handler> EventLoop<H> {
                     let conn = Conn {
                         socket,
                         pending: Vec::new(),
+                        head_deadline: Some(deadline),
                     };
                     self.shared.park(conn, deadline, true);
                 }
