@@ -352,6 +352,50 @@ fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
     assert!(!daemon.get("/envs").json().as_object().unwrap().is_empty());
 }
 
+#[test]
+fn a_body_trickled_under_the_per_read_timeout_is_cut_by_the_minimum_rate() {
+    let daemon = builder()
+        .arg("--workers")
+        .arg("1")
+        .arg("--body-timeout")
+        .arg("1")
+        .arg("--default-user")
+        .arg("user")
+        .start();
+    let home = daemon.home();
+    write_file(&home.join("keep.bin"), b"previous");
+    let stream = daemon.connect();
+    let mut writer = stream.try_clone().unwrap();
+    writer
+        .write_all(upload_head("keep.bin", MIB).as_bytes())
+        .unwrap();
+    // One byte every 300 ms: every read completes well within the 1 s timeout.
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..100 {
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let started = Instant::now();
+    let mut reader = BufReader::new(stream);
+    let reply = read_reply(&mut reader, false).expect("an answer once the rate is too low");
+    let took = started.elapsed();
+    assert_eq!(reply.status, 400, "{}", reply.text());
+    let message = reply.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("request body slower than 500 bytes/s"),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert_closed(&mut reader);
+    trickle.join().unwrap();
+    assert_eq!(fs::read(home.join("keep.bin")).unwrap(), b"previous");
+    assert!(temporaries(&home).is_empty(), "{:?}", temporaries(&home));
+    assert_serves(&daemon);
+}
+
 // ---- clients that vanish ----
 
 #[test]

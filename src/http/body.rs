@@ -5,7 +5,7 @@
 //! After the handler, the layer discards what it left unread, up to a cap.
 
 use std::io::{self, Read};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::chunked::{ChunkedDecoder, Next};
 use super::stream::Stream;
@@ -79,6 +79,11 @@ fn parse_length(value: &[u8]) -> Option<u64> {
     })
 }
 
+/// Slowest average body rate accepted once the body timeout has passed since the first read (the
+/// default of Apache's mod_reqtimeout). The per-read timeout alone would let a client that sends
+/// a byte just before each timeout hold a worker forever.
+pub const MIN_BODY_RATE: u64 = 500;
+
 /// The body of the request being handled. Reading it sends `100 Continue` first when the client
 /// asked for it; a body never read is never asked for.
 pub struct Body<'a> {
@@ -86,6 +91,9 @@ pub struct Body<'a> {
     framing: Framing,
     expects_continue: bool,
     timeout: Duration,
+    /// When the first body byte was asked for, and how many arrived since (for the minimum rate).
+    started: Option<Instant>,
+    received: u64,
     /// Set when the stream can no longer be trusted to be at a request boundary.
     broken: bool,
 }
@@ -102,6 +110,8 @@ impl<'a> Body<'a> {
             framing,
             expects_continue,
             timeout,
+            started: None,
+            received: 0,
             broken: false,
         }
     }
@@ -182,8 +192,22 @@ impl<'a> Body<'a> {
         Ok(())
     }
 
+    /// Fails once the body has taken longer than the timeout at less than [`MIN_BODY_RATE`].
+    fn check_rate(&mut self) -> io::Result<()> {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let elapsed = started.elapsed();
+        if elapsed > self.timeout && self.received < MIN_BODY_RATE * elapsed.as_secs() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("request body slower than {MIN_BODY_RATE} bytes/s"),
+            ));
+        }
+        Ok(())
+    }
+
     fn read_framed(&mut self, out: &mut [u8]) -> io::Result<usize> {
         self.send_continue_once()?;
+        self.check_rate()?;
         self.stream.set_read_timeout(self.timeout)?;
         match &mut self.framing {
             Framing::Length(remaining) => {
@@ -235,8 +259,9 @@ impl Read for Body<'_> {
             return Ok(0);
         }
         let result = self.read_framed(out);
-        if result.is_err() {
-            self.broken = true;
+        match &result {
+            Ok(n) => self.received += *n as u64,
+            Err(_) => self.broken = true,
         }
         result
     }
