@@ -192,6 +192,21 @@ impl<'a> Body<'a> {
         Ok(())
     }
 
+    /// A read timeout surfaces as `EAGAIN` ("Resource temporarily unavailable"): say what it means.
+    fn explain(&self, error: io::Error) -> io::Error {
+        match error.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                if error.raw_os_error().is_some() =>
+            {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no request body bytes for {:?}", self.timeout),
+                )
+            }
+            _ => error,
+        }
+    }
+
     /// Fails once the body has taken longer than the timeout at less than [`MIN_BODY_RATE`].
     fn check_rate(&mut self) -> io::Result<()> {
         let started = *self.started.get_or_insert_with(Instant::now);
@@ -258,7 +273,7 @@ impl Read for Body<'_> {
         if out.is_empty() {
             return Ok(0);
         }
-        let result = self.read_framed(out);
+        let result = self.read_framed(out).map_err(|e| self.explain(e));
         match &result {
             Ok(n) => self.received += *n as u64,
             Err(_) => self.broken = true,
