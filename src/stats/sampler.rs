@@ -839,7 +839,8 @@ mod tests {
     }
 
     /// Median cost of one `sample` on this machine, against the floor of reading the same files
-    /// once with kept descriptors (and one statvfs). `cargo test --release -- --ignored --nocapture`.
+    /// once with kept descriptors (and one statvfs). A measurement, not a check: it prints and
+    /// never fails on timing. `cargo test --release --lib -- --ignored --nocapture sample_cost`.
     #[test]
     #[ignore]
     fn sample_cost() {
@@ -870,10 +871,6 @@ mod tests {
             "files read per sample: {}; floor {floor:?}; sample {sample:?} (x{:.2})",
             files.len(),
             sample.as_secs_f64() / floor.as_secs_f64()
-        );
-        assert!(
-            sample <= floor * 2,
-            "sample {sample:?} > 2 x floor {floor:?}"
         );
     }
 
