@@ -566,32 +566,6 @@ fn stale_temporaries_are_removed_by_the_next_compose_into_that_directory() {
     assert!(home.join(&other_dir_stale).exists());
 }
 
-/// A small xorshift generator; the seed is printed so a failing round can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("COMPOSE_KILL_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-                    | 1
-            });
-        eprintln!("COMPOSE_KILL_SEED={seed}");
-        Rng(seed)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 fn kill_rounds(rounds: usize) {
     let workspace = tempfile::tempdir().unwrap();
     let dir = workspace.path().join("k");
@@ -622,7 +596,7 @@ fn kill_rounds(rounds: usize) {
     assert_eq!(reply.status, 200, "{}", reply.text());
     let full = started.elapsed();
     drop(daemon);
-    let mut rng = Rng::new();
+    let mut rng = common::Rng::from_env("COMPOSE_KILL_SEED");
     let (mut old, mut complete) = (0, 0);
     for round in 0..rounds {
         reset();

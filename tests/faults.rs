@@ -712,32 +712,6 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 // ---- SIGKILL during upload (SPEC §8: nothing half-written left behind) ----
 
-/// A small xorshift generator; the seed is printed so a failing round can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("UPLOAD_KILL_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-                    | 1
-            });
-        eprintln!("UPLOAD_KILL_SEED={seed}");
-        Rng(seed)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// Uploads `data` to the absolute `dest` from a thread, so the caller can kill the daemon
 /// while the body is still on its way.
 fn send_upload(daemon: &Daemon, dest: &Path, data: &[u8]) -> std::thread::JoinHandle<()> {
@@ -767,7 +741,7 @@ fn upload_kill_rounds(rounds: usize) {
     let full = started.elapsed();
     assert!(fs::read(&dest).unwrap() == new, "calibration upload failed");
     drop(daemon);
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("UPLOAD_KILL_SEED");
     let (mut kept, mut replaced) = (0, 0);
     for round in 0..rounds {
         fs::write(&dest, &old).unwrap();
