@@ -665,23 +665,6 @@ fn token_header() {
     assert_eq!(open.call_with("GET", &files("f"), &[], b"").body, b"open");
 }
 
-/// `sandboxd sign PATH ARGS...` against `daemon`; returns the target (`/files?...`).
-fn sign(daemon: &Daemon, path: &str, args: &[&str]) -> String {
-    let url = format!("http://{}", daemon.addr);
-    let output = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-        .arg("sign")
-        .arg(path)
-        .args(["--url", &url])
-        .args(args)
-        .env("SANDBOXD_ACCESS_TOKEN", TOKEN)
-        .env_remove("SANDBOXD_ACCESS_TOKEN_FILE")
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let printed = String::from_utf8(output.stdout).unwrap();
-    printed.trim().strip_prefix(&url).unwrap().to_string()
-}
-
 /// Replaces the value of `name` in a target's query.
 fn with_param(target: &str, name: &str, value: &str) -> String {
     let (path, query) = target.split_once('?').unwrap();
@@ -703,7 +686,7 @@ fn signed_urls_from_sandboxd_sign() {
     for version in [&[][..], &["--v1"][..]] {
         let mut args = vec!["--username", "user"];
         args.extend_from_slice(version);
-        let target = sign(&daemon, "dir/a b+c.txt", &args);
+        let target = daemon.sign("dir/a b+c.txt", &args);
         assert!(target.contains("path=dir%2Fa+b%2Bc.txt"), "{target}");
         let reply = daemon.call_with("GET", &target, &[], b"");
         assert_eq!(reply.status, 200, "{version:?}: {}", reply.text());
@@ -733,7 +716,7 @@ fn signed_urls_from_sandboxd_sign() {
         // A write signature does not read.
         let mut args = vec!["--username", "user", "--operation", "write"];
         args.extend_from_slice(version);
-        let write = sign(&daemon, "dir/a b+c.txt", &args);
+        let write = daemon.sign("dir/a b+c.txt", &args);
         daemon
             .call_with("GET", &write, &[], b"")
             .assert_error(401, "invalid signature");

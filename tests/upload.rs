@@ -394,23 +394,6 @@ fn request_errors_in_order() {
     assert!(temporaries(&home).is_empty());
 }
 
-/// `sandboxd sign PATH ARGS...` against `daemon`; returns the target (`/files?...`).
-fn sign(daemon: &Daemon, path: &str, args: &[&str]) -> String {
-    let url = format!("http://{}", daemon.addr);
-    let output = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-        .arg("sign")
-        .arg(path)
-        .args(["--url", &url])
-        .args(args)
-        .env("SANDBOXD_ACCESS_TOKEN", TOKEN)
-        .env_remove("SANDBOXD_ACCESS_TOKEN_FILE")
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let printed = String::from_utf8(output.stdout).unwrap();
-    printed.trim().strip_prefix(&url).unwrap().to_string()
-}
-
 #[test]
 fn a_signed_write_url_uploads_and_a_read_signature_does_not() {
     let daemon = start();
@@ -419,7 +402,7 @@ fn a_signed_write_url_uploads_and_a_read_signature_does_not() {
     for version in [&[][..], &["--v1"][..]] {
         let mut args = vec!["--username", "user", "--operation", "write"];
         args.extend_from_slice(version);
-        let target = sign(&daemon, "signed/up.bin", &args);
+        let target = daemon.sign("signed/up.bin", &args);
         let reply = daemon.call_with("POST", &target, &[octet], b"signed bytes");
         assert_eq!(
             records(&reply),
@@ -445,7 +428,7 @@ fn a_signed_write_url_uploads_and_a_read_signature_does_not() {
 
         let mut args = vec!["--username", "user"];
         args.extend_from_slice(version);
-        let read = sign(&daemon, "signed/read.bin", &args);
+        let read = daemon.sign("signed/read.bin", &args);
         daemon
             .call_with("POST", &read, &[octet], b"x")
             .assert_error(401, "invalid signature");

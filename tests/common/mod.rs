@@ -397,3 +397,23 @@ impl Rng {
         self.0 % n.max(1)
     }
 }
+
+impl Daemon {
+    /// `sandboxd sign PATH ARGS...` with this daemon's URL and token; returns the target
+    /// (`/files?...`).
+    pub fn sign(&self, path: &str, args: &[&str]) -> String {
+        let url = format!("http://{}", self.addr);
+        let output = Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("sign")
+            .arg(path)
+            .args(["--url", &url])
+            .args(args)
+            .env("SANDBOXD_ACCESS_TOKEN", TOKEN)
+            .env_remove("SANDBOXD_ACCESS_TOKEN_FILE")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let printed = String::from_utf8(output.stdout).unwrap();
+        printed.trim().strip_prefix(&url).unwrap().to_string()
+    }
+}
