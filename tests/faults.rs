@@ -209,28 +209,7 @@ fn a_thousand_idle_connections_and_64_busy_keep_alive_clients() {
         eprintln!("opened {} idle connections, then: {e}", idle.len());
     }
     assert!(idle.len() >= 900, "only {} idle connections", idle.len());
-    let started = Instant::now();
-    let clients: Vec<_> = (0..64)
-        .map(|_| {
-            let stream = daemon.connect();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut writer = stream;
-                for _ in 0..20 {
-                    writer
-                        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
-                        .unwrap();
-                    let reply = read_reply(&mut reader, false).expect("answered");
-                    assert_eq!(reply.status, 204);
-                    assert_eq!(reply.header("connection"), None, "kept alive");
-                }
-            })
-        })
-        .collect();
-    for client in clients {
-        client.join().expect("a busy client failed");
-    }
-    let took = started.elapsed();
+    let took = busy_keep_alive_clients(&daemon, 64, 20);
     eprintln!(
         "64 clients x 20 requests beside {} idle: {took:?}",
         idle.len()
@@ -572,7 +551,7 @@ fn odd_paths_on_download_upload_and_compose() {
     write_file(&home.join("dir/inside.txt"), b"inside");
     write_file(&home.join("file.txt"), b"file");
     write_file(&home.join("a.part"), b"part");
-    let before = snapshot(&home);
+    let before = files_under(&home);
     let long = "a".repeat(5000);
     let too_long = "path is longer than 4096 bytes";
     let get = |query: &str| daemon.get(&format!("/files?{query}"));
@@ -643,7 +622,11 @@ fn odd_paths_on_download_upload_and_compose() {
         400,
         &too_long_name(&home.join(&name), "checking destination"),
     );
-    assert_eq!(snapshot(&home), before, "a refused request changed files");
+    assert_eq!(
+        files_under(&home),
+        before,
+        "a refused request changed files"
+    );
     assert!(temporaries(&home).is_empty(), "{:?}", temporaries(&home));
 
     // `..` past `/` stays at `/`: climbing from the home far enough reaches any absolute path.
@@ -690,24 +673,6 @@ fn odd_paths_on_download_upload_and_compose() {
     assert_eq!(fs::read(home.join("a.part")).unwrap(), b"part");
     assert!(temporaries(&home).is_empty());
     assert_serves(&daemon);
-}
-
-/// Every file under `dir` with its contents.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(at) = stack.pop() {
-        for entry in fs::read_dir(&at).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.push((path.display().to_string(), fs::read(&path).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 // ---- SIGKILL during upload (SPEC §8: nothing half-written left behind) ----

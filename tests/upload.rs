@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{enc, is_root, temporaries, Daemon, Mount, Reply, TOKEN};
+use common::{enc, files_under, is_root, temporaries, Daemon, Mount, Reply, TOKEN};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -84,29 +84,6 @@ fn record(path: &Path) -> serde_json::Value {
         "name": path.file_name().unwrap().to_string_lossy(),
         "type": "file",
     })
-}
-
-/// Every file under `dir`, relative, with its contents.
-fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(at) = stack.pop() {
-        for entry in fs::read_dir(&at).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path
-                    .strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                out.push((rel, fs::read(&path).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -256,7 +233,7 @@ fn a_failing_part_leaves_no_file_of_the_request() {
     let home = daemon.home();
     fs::create_dir(home.join("a-directory")).unwrap();
     common::write_file(&home.join("kept.bin"), b"previous");
-    let before = tree(&home);
+    let before = files_under(&home);
     let cases: Vec<(Vec<u8>, String)> = vec![
         (
             multipart(
@@ -309,7 +286,7 @@ fn a_failing_part_leaves_no_file_of_the_request() {
     ];
     for (body, message) in &cases {
         post_multipart(&daemon, "", "b", body).assert_error(400, message);
-        assert_eq!(tree(&home), before, "{message}");
+        assert_eq!(files_under(&home), before, "{message}");
         assert!(temporaries(&home).is_empty());
     }
 }

@@ -417,3 +417,54 @@ impl Daemon {
         printed.trim().strip_prefix(&url).unwrap().to_string()
     }
 }
+
+/// Every file under `dir` (paths relative to it) with its contents, sorted: compare two
+/// snapshots to prove a refused request changed nothing on disk.
+pub fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((rel, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `clients` keep-alive connections each sending `requests` `GET /health` in sequence, all at
+/// once; every answer must be 204 on a connection kept alive. Returns how long they all took.
+pub fn busy_keep_alive_clients(daemon: &Daemon, clients: usize, requests: usize) -> Duration {
+    let started = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let stream = daemon.connect();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                for _ in 0..requests {
+                    writer
+                        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+                        .unwrap();
+                    let reply = read_reply(&mut reader, false).expect("answered");
+                    assert_eq!(reply.status, 204);
+                    assert_eq!(reply.header("connection"), None, "kept alive");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("a busy client failed");
+    }
+    started.elapsed()
+}
