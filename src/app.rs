@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use crate::auth;
+use crate::auth::{self, Operation, SignedQuery};
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::fs::paths;
 use crate::fs::users::{self, User};
 use crate::http::query::Query;
 use crate::http::Head;
@@ -126,16 +127,58 @@ impl App {
 
     /// The `X-Access-Token` check of every route but `/health` and `/files`.
     pub fn require_token(&self, head: &Head) -> Result<(), ApiError> {
-        auth::check_token(self.token().as_deref(), head.header("x-access-token"))
+        auth::check_token(read(&self.token).as_deref(), head.header("x-access-token"))
     }
 
-    /// The user named by `username`, or the default user when it is absent or empty.
-    pub fn user(&self, username: Option<&str>) -> Result<User, ApiError> {
-        let name = match username {
-            Some(name) if !name.is_empty() => name.to_string(),
-            _ => self.defaults().user,
+    /// The check of `/files`: the header token, or a URL signed for `operation` over the raw
+    /// `path` and `username` query values.
+    pub fn require_file_access(
+        &self,
+        head: &Head,
+        query: &Query,
+        operation: Operation,
+        now_unix: i64,
+    ) -> Result<(), ApiError> {
+        let signed = SignedQuery {
+            path: query.get("path").unwrap_or(""),
+            username: query.get("username").unwrap_or(""),
+            signature: query.get("signature"),
+            expiration: query.get("signature_expiration"),
         };
-        users::lookup(&self.config.passwd_file, &name)
+        let token = read(&self.token);
+        auth::check_file_access(
+            token.as_deref(),
+            head.header("x-access-token"),
+            &signed,
+            operation,
+            now_unix,
+        )
+    }
+
+    /// The user named by `username` (the default user when absent or empty) and the workdir in
+    /// force, both from one reading of the defaults, so a concurrent `/init` cannot mix them.
+    pub fn resolver(&self, username: Option<&str>) -> Result<Resolver, ApiError> {
+        let defaults = self.defaults();
+        let name = match username {
+            Some(name) if !name.is_empty() => name,
+            _ => defaults.user.as_str(),
+        };
+        Ok(Resolver {
+            user: users::lookup(&self.config.passwd_file, name)?,
+            workdir: defaults.workdir,
+        })
+    }
+}
+
+/// Resolves a request's paths for its user (SPEC §4).
+pub struct Resolver {
+    pub user: User,
+    workdir: Option<PathBuf>,
+}
+
+impl Resolver {
+    pub fn resolve(&self, raw: &str) -> Result<PathBuf, ApiError> {
+        paths::resolve(raw, &self.user, self.workdir.as_deref())
     }
 }
 

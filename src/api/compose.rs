@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::read_json;
 use crate::app::App;
 use crate::error::ApiError;
-use crate::fs::{compose, dirs, paths};
+use crate::fs::{compose, dirs};
 use crate::http::{Request, Response};
 
 /// Most sources in one compose (SPEC §10).
@@ -39,13 +39,12 @@ pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> 
         Some(destination) if !destination.is_empty() => destination,
         _ => return Err(ApiError::bad_request("destination is required")),
     };
-    let user = app.user(body.username.as_deref())?;
-    let workdir = app.defaults().workdir;
-    let destination = paths::resolve(&destination, &user, workdir.as_deref())?;
+    let resolver = app.resolver(body.username.as_deref())?;
+    let destination = resolver.resolve(&destination)?;
     let plan = compose::validate(destination, sources.iter().map(String::as_str), |raw| {
-        paths::resolve(raw, &user, workdir.as_deref())
+        resolver.resolve(raw)
     })?;
-    plan.run(user.uid, user.gid)?;
+    plan.run(resolver.user.uid, resolver.user.gid)?;
     let record = dirs::file_record(plan.destination());
     Ok(Response::json(200, record.to_string().into_bytes()))
 }

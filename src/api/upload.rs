@@ -27,12 +27,12 @@ use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::app::{self, App};
-use crate::auth::{self, Operation, SignedQuery};
+use crate::app::{self, App, Resolver};
+use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::atomic::Staged;
+use crate::fs::dirs;
 use crate::fs::users::User;
-use crate::fs::{dirs, paths};
 use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
 use crate::http::{Body, Head, Request, Response};
@@ -57,24 +57,10 @@ pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> 
     let head = &request.head;
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
-    let username = query.get("username").unwrap_or("");
-    auth::check_file_access(
-        app.token().as_deref(),
-        head.header("x-access-token"),
-        &SignedQuery {
-            path: query.get("path").unwrap_or(""),
-            username,
-            signature: query.get("signature"),
-            expiration: query.get("signature_expiration"),
-        },
-        Operation::Write,
-        date::now_unix(),
-    )?;
+    app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
     check_encoding(head)?;
     let kind = body_kind(head)?;
-    let user = app.user(Some(username))?;
-    let workdir = app.defaults().workdir;
-    let resolve = |raw: &str| paths::resolve(raw, &user, workdir.as_deref());
+    let resolver = app.resolver(query.get("username"))?;
     let mut incoming = Incoming {
         body: &mut request.body,
         failed: false,
@@ -87,18 +73,14 @@ pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> 
                     "the path query parameter is required for an application/octet-stream body",
                 )
             })?;
-            let destination = resolve(raw)?;
+            let destination = resolver.resolve(raw)?;
             check_target(&destination)?;
-            raw_upload(&mut incoming, &destination, &user, &mut buf).map(|()| vec![destination])
+            raw_upload(&mut incoming, &destination, &resolver.user, &mut buf)
+                .map(|()| vec![destination])
         }
-        Kind::Multipart(boundary) => multipart_upload(
-            &mut incoming,
-            &boundary,
-            raw_path,
-            &resolve,
-            &user,
-            &mut buf,
-        ),
+        Kind::Multipart(boundary) => {
+            multipart_upload(&mut incoming, &boundary, raw_path, &resolver, &mut buf)
+        }
     };
     let written = written.inspect_err(|_| incoming.drain(&mut buf))?;
     let records: Vec<serde_json::Value> = written.iter().map(|p| dirs::file_record(p)).collect();
@@ -226,10 +208,10 @@ fn multipart_upload(
     incoming: &mut Incoming,
     boundary: &[u8],
     query_path: Option<&str>,
-    resolve: &dyn Fn(&str) -> Result<PathBuf, ApiError>,
-    user: &User,
+    resolver: &Resolver,
     buf: &mut [u8],
 ) -> Result<Vec<PathBuf>, ApiError> {
+    let user = &resolver.user;
     let malformed = |err: multipart::MultipartError| {
         ApiError::bad_request(format!("malformed multipart body: {err}"))
     };
@@ -251,7 +233,7 @@ fn multipart_upload(
                              query parameter",
                         )
                     })?;
-                let destination = resolve(raw)?;
+                let destination = resolver.resolve(raw)?;
                 if !seen.insert(destination.clone()) {
                     return Err(ApiError::bad_request(format!(
                         "path '{}' is given to more than one part of the request",

@@ -124,10 +124,6 @@ impl<'a> Body<'a> {
         }
     }
 
-    pub fn is_chunked(&self) -> bool {
-        matches!(self.framing, Framing::Chunked(_))
-    }
-
     /// True when every byte of the body has been read.
     pub fn is_complete(&self) -> bool {
         match &self.framing {

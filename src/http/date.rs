@@ -3,7 +3,7 @@
 //! Formatting for `Date` and `Last-Modified`, parsing for `If-Modified-Since` and friends. Only
 //! IMF-fixdate is parsed; obsolete formats are treated as absent, as RFC 9110 allows.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
 const MONTHS: [&str; 12] = [
@@ -115,11 +115,6 @@ impl Default for DateCache {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Seconds plus nanoseconds since the epoch as a Duration, for ETags; 0 before the epoch.
-pub fn since_epoch(time: SystemTime) -> Duration {
-    time.duration_since(UNIX_EPOCH).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -26,9 +26,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::app::{self, App};
-use crate::auth::{self, Operation, SignedQuery};
+use crate::auth::Operation;
 use crate::error::ApiError;
-use crate::fs::paths;
 use crate::http::date;
 use crate::http::{Head, Request, Response, ResponseBody};
 
@@ -42,23 +41,11 @@ use range::Range;
 pub fn get(app: &App, request: &Request<'_>) -> Result<Response, ApiError> {
     let head = &request.head;
     let query = app::query(head)?;
-    let raw_path = query.get("path").unwrap_or("");
-    let username = query.get("username").unwrap_or("");
     let now = date::now_unix();
-    auth::check_file_access(
-        app.token().as_deref(),
-        head.header("x-access-token"),
-        &SignedQuery {
-            path: raw_path,
-            username,
-            signature: query.get("signature"),
-            expiration: query.get("signature_expiration"),
-        },
-        Operation::Read,
-        now,
-    )?;
-    let user = app.user(Some(username))?;
-    let resolved = paths::resolve(raw_path, &user, app.defaults().workdir.as_deref())?;
+    app.require_file_access(head, &query, Operation::Read, now)?;
+    let resolved = app
+        .resolver(query.get("username"))?
+        .resolve(query.get("path").unwrap_or(""))?;
     let (file, metadata) = open_regular(&resolved)?;
     respond(head, file, &metadata, &resolved, now)
 }
