@@ -273,8 +273,8 @@ fn slowloris_heads_do_not_hold_every_worker() {
     }
 }
 
-#[test]
-fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
+/// One worker, a 1 s body timeout, the `user` by default, and `~/keep.bin` holding "previous".
+fn slow_body_daemon() -> Daemon {
     let daemon = builder()
         .arg("--workers")
         .arg("1")
@@ -283,8 +283,14 @@ fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
         .arg("--default-user")
         .arg("user")
         .start();
+    write_file(&daemon.home().join("keep.bin"), b"previous");
+    daemon
+}
+
+#[test]
+fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
+    let daemon = slow_body_daemon();
     let home = daemon.home();
-    write_file(&home.join("keep.bin"), b"previous");
     // Upload: 64 KiB arrive, then nothing for longer than the body timeout.
     let mut stream = daemon.connect();
     stream
@@ -333,16 +339,8 @@ fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
 
 #[test]
 fn a_body_trickled_under_the_per_read_timeout_is_cut_by_the_minimum_rate() {
-    let daemon = builder()
-        .arg("--workers")
-        .arg("1")
-        .arg("--body-timeout")
-        .arg("1")
-        .arg("--default-user")
-        .arg("user")
-        .start();
+    let daemon = slow_body_daemon();
     let home = daemon.home();
-    write_file(&home.join("keep.bin"), b"previous");
     let stream = daemon.connect();
     let mut writer = stream.try_clone().unwrap();
     writer
