@@ -459,16 +459,23 @@ fn several_ranges_invalid_ranges_and_other_units_get_the_whole_file() {
 
 // ---- conditional requests ----
 
-#[test]
-fn if_none_match_and_if_modified_since_give_304() {
-    let daemon = start();
+/// Writes `~/f` with mtime 1700000000 (Tue, 14 Nov 2023 22:13:20 GMT); returns its path and
+/// the ETag a GET reports for it.
+fn file_f_with_etag(daemon: &Daemon, contents: &[u8]) -> (std::path::PathBuf, String) {
     let path = daemon.home().join("f");
-    write_file(&path, b"data");
+    write_file(&path, contents);
     set_mtime(&path, 1_700_000_000);
-    let etag = fetch(&daemon, "GET", &files("f"), &[])
+    let etag = fetch(daemon, "GET", &files("f"), &[])
         .header("etag")
         .unwrap()
         .to_string();
+    (path, etag)
+}
+
+#[test]
+fn if_none_match_and_if_modified_since_give_304() {
+    let daemon = start();
+    let (_, etag) = file_f_with_etag(&daemon, b"data");
     let at_mtime = "Tue, 14 Nov 2023 22:13:20 GMT";
     let before = "Tue, 14 Nov 2023 22:13:19 GMT";
     for (method, headers, status) in [
@@ -500,13 +507,7 @@ fn if_none_match_and_if_modified_since_give_304() {
 #[test]
 fn failing_if_match_or_if_unmodified_since_is_412() {
     let daemon = start();
-    let path = daemon.home().join("f");
-    write_file(&path, b"data");
-    set_mtime(&path, 1_700_000_000);
-    let etag = fetch(&daemon, "GET", &files("f"), &[])
-        .header("etag")
-        .unwrap()
-        .to_string();
+    let (path, etag) = file_f_with_etag(&daemon, b"data");
     let shown = path.display();
     fetch(&daemon, "GET", &files("f"), &[("If-Match", "\"other\"")])
         .assert_error(412, &format!("precondition If-Match failed for '{shown}'"));
@@ -534,13 +535,7 @@ fn failing_if_match_or_if_unmodified_since_is_412() {
 #[test]
 fn if_range_by_etag_or_date() {
     let daemon = start();
-    let path = daemon.home().join("f");
-    write_file(&path, b"0123456789");
-    set_mtime(&path, 1_700_000_000);
-    let etag = fetch(&daemon, "GET", &files("f"), &[])
-        .header("etag")
-        .unwrap()
-        .to_string();
+    let (_, etag) = file_f_with_etag(&daemon, b"0123456789");
     for (if_range, status, body) in [
         (etag.as_str(), 206, "234"),
         ("Tue, 14 Nov 2023 22:13:20 GMT", 206, "234"),
