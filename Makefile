@@ -28,14 +28,14 @@ test: lint unit integration
 lint:
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-	$(CARGO) fmt --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 unit:
-	$(CARGO) test --locked --lib --bins
+	$(CARGO) test --locked --workspace --lib --bins
 
 integration:
-	$(CARGO) test --locked --test '*'
+	$(CARGO) test --locked --workspace --test '*'
 
 # Every benchmark in scripts/bench/, then one table of their rows (target/bench/results.tsv).
 BENCH_RESULTS := $(CURDIR)/target/bench/results.tsv
@@ -49,7 +49,7 @@ bench: build
 # Fuzzing with cargo-fuzz (libFuzzer). Stable Rust: RUSTC_BOOTSTRAP lets cargo-fuzz use the
 # sanitizer flags. FUZZ_SECONDS per target (default 60); findings land in fuzz/artifacts/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := head chunked query range_and_conditions json_bodies proc_and_cgroup multipart
+FUZZ_TARGETS := connection head chunked query range_and_conditions json_bodies proc_and_cgroup multipart
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@for target in $(FUZZ_TARGETS); do \

@@ -10,10 +10,18 @@ use std::sync::Arc;
 
 use crate::app::App;
 use crate::config::Config;
-use crate::http::{self, ServerConfig};
+use crate::http;
 use crate::routes::Router;
 use crate::sys::process;
 use crate::{log, notify};
+
+/// The `Server` header of every answer (SPEC §1).
+pub const SERVER: &str = concat!("sandboxd/", env!("CARGO_PKG_VERSION"));
+/// Most bytes of a request body nobody needs (a refused upload, a full disk) read and dropped
+/// so the connection stays usable and the client reads the answer; past it, closed.
+const DISCARD_CAP: u64 = 64 << 20;
+/// Most bytes all incomplete request heads may hold together; past it the oldest is closed.
+const PARTIAL_HEAD_BUDGET: usize = 16 << 20;
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
 
@@ -49,13 +57,15 @@ pub fn run(config: Config) -> i32 {
     let address = listener
         .local_addr()
         .map_or_else(|_| config.listen.to_string(), |a| a.to_string());
-    let server_config = ServerConfig {
+    let server_config = http::Config {
         workers: config.workers,
-        queue_capacity: (config.workers * 64).max(256),
         header_timeout: config.header_timeout,
         idle_timeout: config.idle_timeout,
         send_timeout: config.send_timeout,
         body_timeout: config.body_timeout,
+        discard_cap: DISCARD_CAP,
+        partial_head_budget: PARTIAL_HEAD_BUDGET,
+        server_header: SERVER.to_string(),
     };
     let drain_timeout = config.drain_timeout;
     let workers = config.workers;

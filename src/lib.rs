@@ -13,7 +13,8 @@ pub mod error;
 pub mod fs;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod http;
+/// The HTTP layer, its own crate (`crates/http`), under the name the modules use.
+pub use sandboxd_http as http;
 pub mod log;
 pub mod notify;
 pub mod routes;

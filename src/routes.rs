@@ -1,14 +1,18 @@
-//! The router: the one place where paths and methods are matched.
+//! The router: the one place where paths and methods are matched, and sandboxd's side of the
+//! HTTP layer's [`Handler`] interface.
 //!
-//! Each route names its handler and its authentication; every error becomes the JSON of SPEC §2
-//! here, and an unknown method on a known path is 405 with `Allow`.
+//! Each route names its handler and its authentication, decided from the head alone, before
+//! any byte of a body is read. Every error becomes the JSON of SPEC §2 here, the layer's own
+//! refusals included, and an unknown method on a known path is 405 with `Allow`.
 
+use std::fmt;
 use std::sync::Arc;
 
 use crate::api;
 use crate::app::App;
 use crate::error::ApiError;
-use crate::http::{Handler, Request, Response};
+use crate::http::{Action, Error, Handler, Head, Record, Response};
+use crate::log;
 
 /// Every route and the methods it answers (HEAD is answered wherever GET is).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -25,34 +29,58 @@ pub struct Router {
 }
 
 impl Handler for Router {
-    fn handle(&self, request: &mut Request<'_>) -> Response {
-        route(&self.app, request).unwrap_or_else(Response::from)
+    fn begin(&self, head: &Head) -> Action {
+        match route(&self.app, head) {
+            Ok(action) => action,
+            Err(error) => Action::Respond(error.into()),
+        }
+    }
+
+    fn refused(&self, error: &Error) -> Response {
+        ApiError::new(error.status(), error.to_string()).into()
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        log::request(
+            record.method,
+            record.target,
+            record.status,
+            record.bytes,
+            record.duration,
+        );
+    }
+
+    fn notice(&self, message: fmt::Arguments<'_>) {
+        log::line(message);
     }
 }
 
-fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
-    let method = request.head.method();
-    match (request.head.path(), method) {
-        ("/health", "GET" | "HEAD") => Ok(api::health::get(app)),
+fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
+    let method = head.method();
+    let respond = |response: Response| Ok(Action::Respond(response));
+    match (head.path(), method) {
+        ("/health", "GET" | "HEAD") => respond(api::health::get(app)),
         ("/envs", "GET" | "HEAD") => {
-            app.require_token(&request.head)?;
-            api::envs::get(app)
+            app.require_token(head)?;
+            respond(api::envs::get(app)?)
         }
-        ("/init", "POST") => api::init::post(app, request),
+        ("/init", "POST") => api::init::begin(app, head),
         ("/metrics", "GET" | "HEAD") => {
-            app.require_token(&request.head)?;
-            api::metrics::get(app)
+            app.require_token(head)?;
+            respond(api::metrics::get(app)?)
         }
-        ("/files/compose", "POST") => api::compose::post(app, request),
-        ("/files", "GET" | "HEAD") => api::download::get(app, request),
-        ("/files", "POST") => api::upload::post(app, request),
+        ("/files/compose", "POST") => api::compose::begin(app, head),
+        ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
+        ("/files", "POST") => api::upload::begin(app, head),
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
-                return Ok(Response::from(ApiError::new(
-                    405,
-                    format!("method {method} is not allowed on {path}; allowed: {allow}"),
-                ))
-                .with_header("Allow", *allow))
+                return respond(
+                    Response::from(ApiError::new(
+                        405,
+                        format!("method {method} is not allowed on {path}; allowed: {allow}"),
+                    ))
+                    .with_header("Allow", *allow),
+                )
             }
             None => ApiError::not_found(format!("no route for {method} {path}")),
         }),

@@ -247,7 +247,9 @@ fn slowloris_heads_do_not_hold_every_worker() {
         .start();
     let mut slow: Vec<TcpStream> = (0..8).map(|_| daemon.connect()).collect();
     for stream in &mut slow {
-        stream.write_all(b"GET /health HTTP/1.1\r\nX-A: ").unwrap();
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nX-A: ")
+            .unwrap();
     }
     for round in 0..3 {
         std::thread::sleep(Duration::from_millis(200));
@@ -331,7 +333,7 @@ fn a_body_slower_than_the_body_timeout_is_cut_and_leaves_nothing() {
     assert!(reply.json()["message"]
         .as_str()
         .unwrap()
-        .starts_with("error reading request body: "));
+        .starts_with("error reading the request body: "));
     assert_closed(&mut reader);
     assert_serves(&daemon);
     assert!(!daemon.get("/envs").json().as_object().unwrap().is_empty());
@@ -477,7 +479,7 @@ fn bad_chunk_sizes_are_400_and_write_nothing() {
     ];
     for (chunks, reason) in cases {
         for (target, prefix) in [
-            ("/init", "error reading request body: "),
+            ("/init", "error reading the request body: "),
             ("/files?path=keep.bin", "error reading the request body: "),
         ] {
             let request = format!(

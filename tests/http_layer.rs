@@ -168,17 +168,17 @@ fn malformed_framing_is_refused_with_json() {
     let daemon = start();
     let cases: [(&[u8], u16, &str); 4] = [
         (
-            b"POST /init HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST /init HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
             400,
             "both Content-Length and Transfer-Encoding sent",
         ),
         (
-            b"POST /init HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"POST /init HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n",
             400,
             "invalid Content-Length header",
         ),
         (
-            b"POST /init HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"POST /init HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
             501,
             "unsupported Transfer-Encoding: only chunked is accepted",
         ),
@@ -192,7 +192,7 @@ fn malformed_framing_is_refused_with_json() {
         daemon.raw(request).assert_error(status, message);
     }
     let bad_chunk = format!(
-        "POST /init HTTP/1.1\r\nX-Access-Token: {TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        "POST /init HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
     );
     let reply = daemon.raw(bad_chunk.as_bytes());
     assert_eq!(reply.status, 400);
@@ -272,7 +272,7 @@ fn idle_keep_alive_connections_are_closed_at_the_idle_timeout() {
     let stream = daemon.connect();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     (&stream)
-        .write_all(b"GET /health HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     assert_eq!(read_reply(&mut reader, false).unwrap().status, 204);
     let started = Instant::now();
@@ -319,12 +319,14 @@ fn a_flood_past_the_open_file_limit_does_not_stop_the_acceptor() {
 }
 
 #[test]
-fn a_full_queue_is_answered_503_and_service_resumes() {
-    // One worker, held by a request whose body never comes; the queue holds 256 more.
+fn a_withheld_body_holds_no_worker_and_everyone_else_is_answered() {
+    // One worker; a request whose body never comes waits in the event loop, not in the worker,
+    // so 300 other clients are all answered, and the withheld body still completes later.
     let daemon = builder().arg("--workers").arg("1").start();
     let mut holder = daemon.connect();
-    let head =
-        format!("POST /init HTTP/1.1\r\nX-Access-Token: {TOKEN}\r\nContent-Length: 10\r\n\r\n{{");
+    let head = format!(
+        "POST /init HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: 10\r\n\r\n{{"
+    );
     holder.write_all(head.as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let waiting: Vec<_> = (0..300)
@@ -336,24 +338,11 @@ fn a_full_queue_is_answered_503_and_service_resumes() {
             stream
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    holder.write_all(b"\"x\":1}     ").unwrap();
-    let mut statuses = std::collections::BTreeMap::new();
     for stream in waiting {
         let reply = read_reply(&mut BufReader::new(stream), false).expect("every client answered");
-        if reply.status == 503 {
-            reply.assert_error(503, "server busy: too many requests waiting, try again");
-            assert_eq!(reply.header("connection"), Some("close"));
-        }
-        *statuses.entry(reply.status).or_insert(0) += 1;
+        assert_eq!(reply.status, 204);
     }
-    assert!(
-        statuses.get(&503).copied().unwrap_or(0) >= 300 - 256,
-        "{statuses:?}"
-    );
-    assert!(
-        statuses.get(&204).copied().unwrap_or(0) >= 200,
-        "{statuses:?}"
-    );
-    assert_eq!(daemon.get("/health").status, 204);
+    holder.write_all(b"}        ").unwrap();
+    let reply = read_reply(&mut BufReader::new(holder), false).expect("the holder answered");
+    assert_eq!(reply.status, 204, "{}", reply.text());
 }

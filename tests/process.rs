@@ -91,14 +91,14 @@ fn sigterm_finishes_the_request_in_flight_and_exits_0() {
     let watcher = daemon.connect();
     let mut watcher_reader = BufReader::new(watcher.try_clone().unwrap());
     (&watcher)
-        .write_all(b"GET /health HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     assert_eq!(read_reply(&mut watcher_reader, false).unwrap().status, 204);
 
     let body = br#"{"envVars":{"DRAINED":"yes"}}"#;
     let mut stream = daemon.connect();
     let head = format!(
-        "POST /init HTTP/1.1\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+        "POST /init HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).unwrap();
@@ -109,7 +109,7 @@ fn sigterm_finishes_the_request_in_flight_and_exits_0() {
     assert!(daemon.is_running(), "must wait for the request in flight");
 
     (&watcher)
-        .write_all(b"GET /health HTTP/1.1\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
     let health = read_reply(&mut watcher_reader, false).unwrap();
     health.assert_error(503, "shutting down");
@@ -132,7 +132,7 @@ fn drain_is_bounded_by_the_drain_timeout() {
     let mut daemon = builder().arg("--drain-timeout").arg("0.5").start();
     let mut stream = daemon.connect();
     let head =
-        format!("POST /init HTTP/1.1\r\nX-Access-Token: {TOKEN}\r\nContent-Length: 100\r\n\r\n{{");
+        format!("POST /init HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: 100\r\n\r\n{{");
     stream.write_all(head.as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     daemon.signal("INT");

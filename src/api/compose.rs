@@ -6,11 +6,13 @@
 
 use serde::Deserialize;
 
-use super::read_json;
+use std::sync::Arc;
+
+use super::{collect_json, parse_json};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::fs::{compose, dirs};
-use crate::http::{Request, Response};
+use crate::http::{Action, Head, Response};
 
 /// Most sources in one compose (SPEC §10).
 pub const MAX_SOURCES: usize = 10_000;
@@ -23,9 +25,14 @@ pub(crate) struct ComposeBody {
     username: Option<String>,
 }
 
-pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
-    app.require_token(&request.head)?;
-    let body: ComposeBody = read_json(&mut request.body)?;
+/// Checks the token from the head alone, then has the body collected.
+pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
+    app.require_token(head)?;
+    Ok(collect_json(app, post))
+}
+
+fn post(app: &App, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
+    let body: ComposeBody = parse_json(body)?;
     let sources = body.source_paths.unwrap_or_default();
     if sources.is_empty() {
         return Err(ApiError::bad_request("source_paths must not be empty"));

@@ -8,12 +8,14 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::read_json;
+use std::sync::Arc;
+
+use super::{collect_json, parse_json};
 use crate::app::App;
 use crate::auth;
 use crate::error::ApiError;
 use crate::fs::users;
-use crate::http::{Request, Response};
+use crate::http::{Action, Head, Response};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -24,9 +26,20 @@ pub(crate) struct InitBody {
     default_workdir: Option<String>,
 }
 
-pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
-    let empty_body = request.body.declared_length() == Some(0);
-    let body: InitBody = if empty_body {
+/// A wrong `X-Access-Token` is refused from the head alone; without one, the current token may
+/// still come in the body, which is then collected (bounded, without a worker) and checked.
+pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
+    if let Some(current) = app.token() {
+        let sent = head.header("x-access-token").filter(|t| !t.is_empty());
+        if sent.is_some() && auth::check_token(Some(&current), sent).is_err() {
+            return Err(ApiError::unauthorized(auth::UNAUTHORIZED));
+        }
+    }
+    Ok(collect_json(app, post))
+}
+
+fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
+    let body: InitBody = if body.is_empty() {
         InitBody {
             access_token: None,
             env_vars: None,
@@ -34,10 +47,10 @@ pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> 
             default_workdir: None,
         }
     } else {
-        read_json(&mut request.body)?
+        parse_json(body)?
     };
     if let Some(current) = app.token() {
-        let by_header = auth::check_token(Some(&current), request.head.header("x-access-token"));
+        let by_header = auth::check_token(Some(&current), head.header("x-access-token"));
         let by_body = body
             .access_token
             .as_deref()

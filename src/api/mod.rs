@@ -8,18 +8,30 @@ pub mod init;
 pub mod metrics;
 pub mod upload;
 
+use std::sync::Arc;
+
+use crate::app::App;
 use crate::error::ApiError;
-use crate::http::Body;
+use crate::http::{Action, Head, Response};
 
 /// Largest JSON request body (compose, init): SPEC §10.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 
-/// Reads a JSON body of at most [`MAX_JSON_BODY`] bytes and deserialises it.
-pub fn read_json<T: serde::de::DeserializeOwned>(body: &mut Body<'_>) -> Result<T, ApiError> {
-    let bytes = body
-        .read_to_end_limited(MAX_JSON_BODY)
-        .map_err(|e| ApiError::bad_request(format!("error reading request body: {e}")))?
-        .ok_or_else(|| ApiError::payload_too_large("request body too large: at most 1 MiB"))?;
-    serde_json::from_slice(&bytes)
+/// Deserialises a JSON body.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// Collects a JSON body of at most [`MAX_JSON_BODY`] bytes (in the event loop, not in a
+/// worker), then answers with `handle`.
+pub fn collect_json(
+    app: &Arc<App>,
+    handle: fn(&App, &Head, &[u8]) -> Result<Response, ApiError>,
+) -> Action {
+    let app = Arc::clone(app);
+    Action::Collect {
+        limit: MAX_JSON_BODY,
+        then: Box::new(move |head, body| handle(&app, head, &body).unwrap_or_else(Response::from)),
+    }
 }

@@ -2,8 +2,11 @@
 //!
 //! This module owns the request: access (token or a signed URL for `write`), the body's
 //! encoding and type, the paths, and moving the bytes from the body to each file. Parsing
-//! multipart is `http::multipart`'s; the temporary, fsync and rename are `fs::atomic`'s. A body
-//! is never held in memory: it passes through one buffer of [`BUFFER_BYTES`].
+//! multipart is `http::multipart`'s; the temporary, fsync and rename are `fs::atomic`'s. Access,
+//! type and paths are checked from the head, before any byte of the body is read; the body is
+//! then fed to an [`http::BodySink`](crate::http::BodySink) as it arrives (the connection waits
+//! for the peer in the event loop, never in a worker) and is never held in memory: a raw body
+//! goes straight to its file, a multipart one through a buffer of [`BUFFER_BYTES`].
 //!
 //! Decisions where SPEC and envd leave room:
 //! - No `Content-Type` is taken as `application/octet-stream` (RFC 9110 §8.3), so `curl -T`
@@ -20,27 +23,26 @@
 //!   path are 400, as is a multipart body without any `file` part.
 //! - An existing non-directory at the path (a symlink included) is replaced by the new file; a
 //!   directory is 400. Parent directories created for a file stay if the request then fails.
-//! - When writing fails part-way (full disk), the rest of the body is read and discarded, up to
-//!   [`DRAIN_CAP`], so that the client reads the 507 rather than a reset connection.
+//! - When writing fails part-way (full disk), the answer is sent at once and the HTTP layer
+//!   discards the rest of the body (within its cap), so that the client reads the 507 rather
+//!   than a reset connection.
 
 use std::collections::HashSet;
-use std::io::{self, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::atomic::Staged;
 use crate::fs::dirs;
-use crate::fs::users::User;
 use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
-use crate::http::{Body, Head, Request, Response};
+use crate::http::{Action, BodySink, Head, Response};
 
-/// The buffer between the socket and the file.
+/// The buffer a multipart body passes through.
 pub const BUFFER_BYTES: usize = 256 * 1024;
-/// The most body bytes read and discarded after a failure, to answer it cleanly.
-pub const DRAIN_CAP: u64 = 64 * 1024 * 1024;
 
 /// How the body carries the file(s).
 #[derive(Debug, PartialEq, Eq)]
@@ -49,24 +51,18 @@ enum Kind {
     Multipart(Vec<u8>),
 }
 
-/// Answers `POST /files`.
+/// Starts `POST /files` from its head.
 ///
 /// Order of checks: query decoding (400), access (401), `Content-Encoding` (415),
 /// `Content-Type` (400), user (401), path (400); then the body.
-pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
-    let head = &request.head;
+pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
     app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
     check_encoding(head)?;
     let kind = body_kind(head)?;
     let resolver = app.resolver(query.get("username"))?;
-    let mut incoming = Incoming {
-        body: &mut request.body,
-        failed: false,
-    };
-    let mut buf = vec![0u8; BUFFER_BYTES];
-    let written = match kind {
+    let sink: Box<dyn BodySink> = match kind {
         Kind::Raw => {
             let raw = raw_path.ok_or_else(|| {
                 ApiError::bad_request(
@@ -75,19 +71,23 @@ pub fn post(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> 
             })?;
             let destination = resolver.resolve(raw)?;
             check_target(&destination)?;
-            raw_upload(&mut incoming, &destination, &resolver.user, &mut buf)
-                .map(|()| vec![destination])
+            let user = &resolver.user;
+            Box::new(RawUpload {
+                staged: Staged::create(&destination, user.uid, user.gid)?,
+            })
         }
-        Kind::Multipart(boundary) => {
-            multipart_upload(&mut incoming, &boundary, raw_path, &resolver, &mut buf)
-        }
+        Kind::Multipart(boundary) => Box::new(MultipartUpload {
+            parser: Parser::new(&boundary),
+            buffer: Vec::with_capacity(BUFFER_BYTES),
+            query_path: raw_path.map(str::to_owned),
+            resolver,
+            current: None,
+            finished: Vec::new(),
+            seen: HashSet::new(),
+            ended: false,
+        }),
     };
-    let written = written.inspect_err(|_| incoming.drain(&mut buf))?;
-    let records: Vec<serde_json::Value> = written.iter().map(|p| dirs::file_record(p)).collect();
-    Ok(Response::json(
-        200,
-        serde_json::Value::Array(records).to_string().into_bytes(),
-    ))
+    Ok(Action::Consume(sink))
 }
 
 /// 415 for any coding but identity: sandboxd ships no decompressor.
@@ -145,145 +145,154 @@ fn check_target(path: &Path) -> Result<(), ApiError> {
     }
 }
 
-/// The request body, remembering whether reading it failed (then it is not drained).
-struct Incoming<'r, 'a> {
-    body: &'r mut Body<'a>,
-    failed: bool,
+/// The 200 answer: one entry per file written.
+fn written(paths: &[PathBuf]) -> Response {
+    let records: Vec<serde_json::Value> = paths.iter().map(|p| dirs::file_record(p)).collect();
+    Response::json(
+        200,
+        serde_json::Value::Array(records).to_string().into_bytes(),
+    )
 }
 
-impl Incoming<'_, '_> {
-    /// Reads until `buf` is full or the body ends; returns how many bytes.
-    fn fill(&mut self, buf: &mut [u8]) -> Result<usize, ApiError> {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match self.body.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => {
-                    self.failed = true;
-                    return Err(ApiError::bad_request(format!(
-                        "error reading the request body: {err}"
-                    )));
-                }
-            }
-        }
-        Ok(filled)
-    }
-
-    /// After a failure that left the body unread: reads and discards it up to [`DRAIN_CAP`],
-    /// so the client, still sending, reads the answer instead of a reset.
-    fn drain(&mut self, buf: &mut [u8]) {
-        let mut drained = 0u64;
-        while !self.failed && !self.body.is_complete() && drained < DRAIN_CAP {
-            match self.body.read(buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n as u64,
-            }
-        }
-    }
+/// A raw body, as is, into its file.
+struct RawUpload {
+    staged: Staged,
 }
 
-/// The body, as is, into `destination`.
-fn raw_upload(
-    incoming: &mut Incoming,
-    destination: &Path,
-    user: &User,
-    buf: &mut [u8],
-) -> Result<(), ApiError> {
-    let staged = Staged::create(destination, user.uid, user.gid)?;
-    let mut file = staged.file();
-    loop {
-        let n = incoming.fill(buf)?;
-        if n == 0 {
-            break;
-        }
-        file.write_all(&buf[..n]).map_err(|e| staged.error(&e))?;
+impl BodySink for RawUpload {
+    fn data(&mut self, bytes: &[u8]) -> Result<(), Response> {
+        let mut file = self.staged.file();
+        file.write_all(bytes)
+            .map_err(|e| self.staged.error(&e).into())
     }
-    staged.commit()
+
+    fn end(self: Box<Self>) -> Response {
+        let destination = self.staged.destination().to_path_buf();
+        match self.staged.commit() {
+            Ok(()) => written(&[destination]),
+            Err(error) => error.into(),
+        }
+    }
 }
 
 /// Every `file` part into its own temporary; all renamed into place once the body is complete.
-fn multipart_upload(
-    incoming: &mut Incoming,
-    boundary: &[u8],
-    query_path: Option<&str>,
-    resolver: &Resolver,
-    buf: &mut [u8],
-) -> Result<Vec<PathBuf>, ApiError> {
-    let user = &resolver.user;
-    let malformed = |err: multipart::MultipartError| {
-        ApiError::bad_request(format!("malformed multipart body: {err}"))
-    };
-    let mut parser = Parser::new(boundary);
-    debug_assert!(buf.len() >= parser.min_buffer());
-    let mut finished: Vec<Staged> = Vec::new();
-    let mut current: Option<Staged> = None;
-    let mut seen = HashSet::new();
-    let (mut start, mut end) = (0, 0);
-    loop {
-        let (used, event) = parser.advance(&buf[start..end]).map_err(malformed)?;
-        match event {
-            Event::Part(head) if head.name.as_deref() == Some("file") => {
-                let raw = query_path
-                    .or(head.filename.as_deref().filter(|f| !f.is_empty()))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(
-                            "a multipart part named 'file' has no filename and there is no path \
-                             query parameter",
-                        )
-                    })?;
-                let destination = resolver.resolve(raw)?;
-                if !seen.insert(destination.clone()) {
-                    return Err(ApiError::bad_request(format!(
-                        "path '{}' is given to more than one part of the request",
-                        destination.display()
-                    )));
-                }
-                check_target(&destination)?;
-                current = Some(Staged::create(&destination, user.uid, user.gid)?);
-            }
-            Event::Part(_) => current = None,
-            Event::Data(range) => {
-                if let Some(staged) = &current {
-                    let mut file = staged.file();
-                    file.write_all(&buf[start + range.start..start + range.end])
-                        .map_err(|e| staged.error(&e))?;
-                }
-            }
-            Event::PartEnd => {
-                if let Some(staged) = current.take() {
-                    staged.sync()?;
-                    finished.push(staged);
-                }
-            }
-            Event::End => break,
-            Event::NeedMore => {
-                start += used;
-                buf.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-                let n = incoming.fill(&mut buf[end..])?;
-                if n == 0 {
-                    parser.finish().map_err(malformed)?;
-                }
-                end += n;
-                continue;
-            }
+struct MultipartUpload {
+    parser: Parser,
+    /// Received bytes the parser has not consumed yet (it holds back a possible boundary).
+    buffer: Vec<u8>,
+    query_path: Option<String>,
+    resolver: Resolver,
+    current: Option<Staged>,
+    finished: Vec<Staged>,
+    seen: HashSet<PathBuf>,
+    /// The closing boundary was seen; what follows (an epilogue) is ignored.
+    ended: bool,
+}
+
+impl BodySink for MultipartUpload {
+    fn data(&mut self, mut bytes: &[u8]) -> Result<(), Response> {
+        while !bytes.is_empty() && !self.ended {
+            let take = (BUFFER_BYTES - self.buffer.len()).min(bytes.len());
+            self.buffer.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            self.parse().map_err(Response::from)?;
         }
-        start += used;
+        Ok(())
     }
-    if finished.is_empty() {
-        return Err(ApiError::bad_request(
-            "the multipart body has no part named 'file'",
-        ));
+
+    fn end(mut self: Box<Self>) -> Response {
+        self.finish().unwrap_or_else(Response::from)
     }
-    let written = finished
-        .iter()
-        .map(|s| s.destination().to_path_buf())
-        .collect();
-    for staged in finished {
-        staged.place()?;
+}
+
+impl MultipartUpload {
+    /// Runs the parser over the buffer until it needs more.
+    fn parse(&mut self) -> Result<(), ApiError> {
+        debug_assert!(BUFFER_BYTES >= self.parser.min_buffer());
+        let mut start = 0;
+        loop {
+            let (used, event) = self
+                .parser
+                .advance(&self.buffer[start..])
+                .map_err(malformed)?;
+            match event {
+                Event::Part(head) if head.name.as_deref() == Some("file") => {
+                    self.current = Some(self.open_part(head.filename.as_deref())?);
+                }
+                Event::Part(_) => self.current = None,
+                Event::Data(range) => {
+                    if let Some(staged) = &self.current {
+                        let data = &self.buffer[start + range.start..start + range.end];
+                        let mut file = staged.file();
+                        file.write_all(data).map_err(|e| staged.error(&e))?;
+                    }
+                }
+                Event::PartEnd => {
+                    if let Some(staged) = self.current.take() {
+                        staged.sync()?;
+                        self.finished.push(staged);
+                    }
+                }
+                Event::End => {
+                    self.ended = true;
+                    self.buffer.clear();
+                    return Ok(());
+                }
+                Event::NeedMore => {
+                    self.buffer.drain(..start + used);
+                    return Ok(());
+                }
+            }
+            start += used;
+        }
     }
-    Ok(written)
+
+    /// The temporary of a `file` part, its path from the query or the part's filename.
+    fn open_part(&mut self, filename: Option<&str>) -> Result<Staged, ApiError> {
+        let raw = self
+            .query_path
+            .as_deref()
+            .or(filename.filter(|f| !f.is_empty()))
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "a multipart part named 'file' has no filename and there is no path query \
+                     parameter",
+                )
+            })?;
+        let destination = self.resolver.resolve(raw)?;
+        if !self.seen.insert(destination.clone()) {
+            return Err(ApiError::bad_request(format!(
+                "path '{}' is given to more than one part of the request",
+                destination.display()
+            )));
+        }
+        check_target(&destination)?;
+        let user = &self.resolver.user;
+        Staged::create(&destination, user.uid, user.gid)
+    }
+
+    /// The body ended: every part placed, or none.
+    fn finish(&mut self) -> Result<Response, ApiError> {
+        if !self.ended {
+            self.parser.finish().map_err(malformed)?;
+        }
+        if self.finished.is_empty() {
+            return Err(ApiError::bad_request(
+                "the multipart body has no part named 'file'",
+            ));
+        }
+        let paths: Vec<PathBuf> = self
+            .finished
+            .iter()
+            .map(|s| s.destination().to_path_buf())
+            .collect();
+        for staged in self.finished.drain(..) {
+            staged.place()?;
+        }
+        Ok(written(&paths))
+    }
+}
+
+fn malformed(err: multipart::MultipartError) -> ApiError {
+    ApiError::bad_request(format!("malformed multipart body: {err}"))
 }

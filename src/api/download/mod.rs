@@ -29,7 +29,7 @@ use crate::app::{self, App};
 use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::http::date;
-use crate::http::{Head, Request, Response, ResponseBody};
+use crate::http::{Head, Response, ResponseBody};
 
 use conditional::{Conditions, Outcome, Validators};
 use range::Range;
@@ -38,8 +38,7 @@ use range::Range;
 ///
 /// Order of checks: query decoding (400), access (401, or 400 for a malformed expiration),
 /// user (401), path resolution (400), then the file itself (404, 400, 403).
-pub fn get(app: &App, request: &Request<'_>) -> Result<Response, ApiError> {
-    let head = &request.head;
+pub fn get(app: &App, head: &Head) -> Result<Response, ApiError> {
     let query = app::query(head)?;
     let now = date::now_unix();
     app.require_file_access(head, &query, Operation::Read, now)?;

@@ -33,6 +33,7 @@ pub fn unix_secs(time: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// The current time in Unix seconds.
 pub fn now_unix() -> i64 {
     unix_secs(SystemTime::now())
 }
@@ -94,6 +95,7 @@ pub struct DateCache {
 }
 
 impl DateCache {
+    /// A cache holding no date yet.
     pub fn new() -> DateCache {
         DateCache {
             secs: i64::MIN,
@@ -101,6 +103,7 @@ impl DateCache {
         }
     }
 
+    /// The current second as an HTTP date, formatted once per second.
     pub fn now(&mut self) -> &str {
         let now = now_unix();
         if now != self.secs {

@@ -13,7 +13,9 @@ pub const MAX_HEADERS: usize = 100;
 /// Why a head was refused. `TooLarge` is answered 431, `Malformed` 400; both close the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeadError {
+    /// Over 64 KiB or 100 header fields.
     TooLarge,
+    /// Not an HTTP/1.x head; the reason.
     Malformed(&'static str),
 }
 
@@ -72,6 +74,7 @@ impl Head {
         Ok(Some((head, len)))
     }
 
+    /// The request method, e.g. `GET`.
     pub fn method(&self) -> &str {
         self.text(&self.method)
     }
@@ -81,15 +84,50 @@ impl Head {
         self.text(&self.target)
     }
 
-    /// The path part of the target (before `?`).
+    /// The path part of the target (before `?`); `/` for an absolute-form target without one.
     pub fn path(&self) -> &str {
-        let target = self.target();
-        target.split_once('?').map_or(target, |(path, _)| path)
+        let target = self.origin_form();
+        match target.split_once('?').map_or(target, |(path, _)| path) {
+            "" => "/",
+            path => path,
+        }
     }
 
     /// The raw query (after `?`), empty when absent.
     pub fn raw_query(&self) -> &str {
-        self.target().split_once('?').map_or("", |(_, query)| query)
+        self.origin_form()
+            .split_once('?')
+            .map_or("", |(_, query)| query)
+    }
+
+    /// The target without the scheme and authority of an absolute-form target
+    /// (`GET http://host/health`, RFC 9112 §3.2.2), which servers must accept.
+    fn origin_form(&self) -> &str {
+        let target = self.target();
+        for scheme in ["http://", "https://"] {
+            let prefix = target.get(..scheme.len());
+            if prefix.is_some_and(|p| p.eq_ignore_ascii_case(scheme)) {
+                let rest = &target[scheme.len()..];
+                return rest.find(['/', '?']).map_or("", |start| &rest[start..]);
+            }
+        }
+        target
+    }
+
+    /// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; any `Host` sent must be
+    /// a valid authority (an empty one is allowed). The reason when it is not.
+    pub fn check_host(&self) -> Result<(), &'static str> {
+        let mut hosts = self.headers_named("host");
+        let first = hosts.next();
+        if hosts.next().is_some() {
+            return Err("more than one Host header");
+        }
+        match first {
+            None if self.minor_version >= 1 => Err("an HTTP/1.1 request needs a Host header"),
+            None => Ok(()),
+            Some(host) if host.iter().all(|&b| is_authority_byte(b)) => Ok(()),
+            Some(_) => Err("not a valid host[:port]"),
+        }
     }
 
     /// The first header named `name` (ASCII case-insensitive).
@@ -121,6 +159,11 @@ impl Head {
         // httparse only yields method and target made of visible ASCII.
         std::str::from_utf8(&self.bytes[range.clone()]).unwrap_or("")
     }
+}
+
+/// Bytes of `host [ ":" port ]` (RFC 3986 reg-name, IP literals, percent-encoding).
+fn is_authority_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b)
 }
 
 fn malformed_reason(error: httparse::Error) -> &'static str {
@@ -190,6 +233,35 @@ mod tests {
         assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
         text.extend_from_slice(b"\r\n\r\n");
         assert_eq!(parse(&text).unwrap_err(), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn absolute_form_targets_keep_their_path_and_query() {
+        for (target, path, query) in [
+            ("http://h:1/health?x=1", "/health", "x=1"),
+            ("HTTPS://h/files", "/files", ""),
+            ("http://h", "/", ""),
+            ("http://h?a=b", "/", "a=b"),
+            ("/plain?q", "/plain", "q"),
+        ] {
+            let text = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
+            let (head, _) = parse(text.as_bytes()).unwrap().unwrap();
+            assert_eq!((head.path(), head.raw_query()), (path, query), "{target}");
+            assert_eq!(head.target(), target);
+        }
+    }
+
+    #[test]
+    fn host_rules() {
+        let check = |text: &str| parse(text.as_bytes()).unwrap().unwrap().0.check_host();
+        assert_eq!(check("GET / HTTP/1.1\r\nHost: a.b:80\r\n\r\n"), Ok(()));
+        assert_eq!(check("GET / HTTP/1.1\r\nHost: [::1]:8\r\n\r\n"), Ok(()));
+        assert_eq!(check("GET / HTTP/1.1\r\nHost:\r\n\r\n"), Ok(()));
+        assert_eq!(check("GET / HTTP/1.0\r\n\r\n"), Ok(()));
+        assert!(check("GET / HTTP/1.1\r\n\r\n").is_err());
+        assert!(check("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n").is_err());
+        assert!(check("GET / HTTP/1.1\r\nHost: a b\r\n\r\n").is_err());
+        assert!(check("GET / HTTP/1.0\r\nHost: a/b\r\n\r\n").is_err());
     }
 
     #[test]

@@ -12,10 +12,12 @@ pub struct Query {
 /// A parameter whose decoded bytes are not UTF-8; holds the raw (encoded) name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueryError {
+    /// The parameter's name as sent.
     pub name: String,
 }
 
 impl Query {
+    /// Decodes a raw query string (`a=1&b=%20`).
     pub fn parse(raw: &str) -> Result<Query, QueryError> {
         let mut pairs = Vec::new();
         for item in raw.split('&').filter(|item| !item.is_empty()) {

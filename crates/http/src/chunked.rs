@@ -11,10 +11,15 @@ const MAX_SIZE_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a chunked body is refused (the `Display` text is the client message).
 pub enum ChunkError {
+    /// Not hexadecimal digits, or more than 64 bits.
     InvalidSize,
+    /// A size line (with extensions) over 4 KiB.
     SizeLineTooLong,
+    /// A chunk, size line or trailer not ended by CRLF.
     MissingCrlf,
+    /// Trailers over 16 KiB.
     TrailersTooLarge,
 }
 
@@ -82,6 +87,7 @@ enum State {
 }
 
 #[derive(Debug, Clone)]
+/// The decoder of one chunked body.
 pub struct ChunkedDecoder {
     state: State,
 }
@@ -129,6 +135,7 @@ impl ChunkedDecoder {
         }
     }
 
+    /// True once the last chunk and the trailers are consumed.
     pub fn is_done(&self) -> bool {
         self.state == State::Done
     }

@@ -29,6 +29,7 @@ const MAX_PADDING: usize = 256;
 
 /// Why a body (or its `Content-Type`) is not acceptable multipart.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // Each variant's `Display` below says what it is.
 pub enum MultipartError {
     NoBoundary,
     BadBoundary,

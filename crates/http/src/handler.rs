@@ -1,0 +1,77 @@
+//! What the layer asks of the application: a decision per request head, the bodies of the
+//! layer's own refusals, and a place for access-log records.
+//!
+//! The application never sees a socket. It looks at a complete head and says how the request
+//! goes on ([`Action`]): answered at once (the body, if any, is then discarded by the loop or the
+//! connection closed), its body collected in full up to a limit, or its body fed to a
+//! [`BodySink`] as it arrives. Everything here runs in a worker and may block on disks.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::head::Head;
+use crate::response::Response;
+
+/// The application behind the server.
+pub trait Handler: Send + Sync + 'static {
+    /// Decides what to do with a request whose head is complete. No byte of its body has been
+    /// read yet, so a request refused here (a bad token, a wrong route) costs nothing more.
+    fn begin(&self, head: &Head) -> Action;
+
+    /// The answer to a request the layer itself refuses (a malformed head, bad framing, a body
+    /// too slow or too large). The status is `error.status()`; the body is the application's.
+    fn refused(&self, error: &Error) -> Response;
+
+    /// Called once per answered request, after its last byte was written or the attempt failed.
+    fn log(&self, record: &Record<'_>);
+
+    /// Something about the server rather than a request (an accept error, once per burst).
+    fn notice(&self, message: std::fmt::Arguments<'_>);
+}
+
+/// How a request goes on after its head.
+pub enum Action {
+    /// Answer now without reading the body.
+    Respond(Response),
+    /// Read the whole body, at most `limit` bytes (more is answered with
+    /// [`Error::BodyTooLarge`]), then answer with `then`. The connection waits for the body in
+    /// the event loop, not in a worker.
+    Collect {
+        /// Most body bytes accepted.
+        limit: usize,
+        /// Makes the answer from the head and the whole body.
+        then: Collected,
+    },
+    /// Feed the body to a sink as it arrives.
+    Consume(Box<dyn BodySink>),
+}
+
+/// Makes the answer of an [`Action::Collect`] from the head and the whole body.
+pub type Collected = Box<dyn FnOnce(&Head, Vec<u8>) -> Response + Send>;
+
+/// Receives a request body piece by piece, in order. Dropped without [`end`](Self::end) when
+/// the body cannot be completed (the peer left, a timeout, bad framing): the sink then undoes
+/// what it started.
+pub trait BodySink: Send {
+    /// The next bytes of the body. An error is answered at once; the rest of the body is then
+    /// discarded by the loop, within a cap, or the connection is closed.
+    fn data(&mut self, bytes: &[u8]) -> Result<(), Response>;
+
+    /// The body is complete: the answer.
+    fn end(self: Box<Self>) -> Response;
+}
+
+/// One access-log record. `method` and `target` are `-` for a head that could not be parsed.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// The request method.
+    pub method: &'a str,
+    /// The request target as sent (the application redacts what must not be logged).
+    pub target: &'a str,
+    /// The status answered.
+    pub status: u16,
+    /// Body bytes written.
+    pub bytes: u64,
+    /// From the complete head to the last byte written.
+    pub duration: Duration,
+}

@@ -1,0 +1,247 @@
+//! Streamed response bodies: a producer pushes bytes when it has them; the connection sends
+//! them as chunks and waits in the event loop, without a worker, while the producer has none.
+//!
+//! [`channel`] gives the two ends. The [`StreamSender`] belongs to the producer (a process's
+//! output, a directory watch, a test): [`send`](StreamSender::send) queues bytes and wakes the
+//! connection if it is waiting; [`finish`](StreamSender::finish) ends the body. A sender
+//! dropped without `finish` aborts it: the connection closes without the last chunk, so the
+//! client sees a truncated body rather than a complete-looking one. The queue is bounded: a
+//! client that does not read makes `send` fail with [`SendError::Full`], never grows memory,
+//! and the producer decides what that means for it. When the client is gone, `send` fails with
+//! [`SendError::Closed`].
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Wakes a connection parked while its producer had nothing. Called at most once.
+pub(crate) type Waker = Box<dyn FnOnce() + Send>;
+
+/// Makes a stream: the producer's end and the response body's end. `capacity`: the most bytes
+/// queued and not yet taken by the connection.
+pub fn channel(capacity: usize) -> (StreamSender, StreamSource) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            queued: Vec::new(),
+            capacity,
+            end: End::Open,
+            source_gone: false,
+            waiter: None,
+        }),
+    });
+    (
+        StreamSender {
+            shared: Arc::clone(&shared),
+            finished: false,
+        },
+        StreamSource { shared },
+    )
+}
+
+/// Why bytes could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// The client is gone or the connection failed: stop producing.
+    Closed,
+    /// The client reads slower than the producer writes and the queue is at its capacity.
+    Full,
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SendError::Closed => "the client is gone",
+            SendError::Full => "the client is not reading fast enough",
+        })
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// The producer's end.
+pub struct StreamSender {
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+/// The response body's end, given to [`crate::ResponseBody::Stream`].
+pub struct StreamSource {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+struct State {
+    queued: Vec<u8>,
+    capacity: usize,
+    end: End,
+    /// The connection dropped its end: the client is gone.
+    source_gone: bool,
+    /// The connection waiting for bytes, if it is.
+    waiter: Option<Waker>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Open,
+    Finished,
+    Aborted,
+}
+
+/// What the connection finds when it asks for more.
+pub(crate) enum Poll {
+    /// Bytes to send (never empty).
+    Data(Vec<u8>),
+    /// Nothing now; the waker was registered and will be called when there is.
+    Pending,
+    /// Every byte was taken and the producer finished.
+    Finished,
+    /// The producer gave up.
+    Aborted,
+}
+
+impl StreamSender {
+    /// Queues `bytes` for the client. Empty input is accepted and sends nothing.
+    pub fn send(&self, bytes: &[u8]) -> Result<(), SendError> {
+        let waiter = {
+            let mut state = self.shared.lock();
+            if state.source_gone {
+                return Err(SendError::Closed);
+            }
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            if state.queued.len() + bytes.len() > state.capacity {
+                return Err(SendError::Full);
+            }
+            state.queued.extend_from_slice(bytes);
+            state.waiter.take()
+        };
+        if let Some(wake) = waiter {
+            wake();
+        }
+        Ok(())
+    }
+
+    /// True once the client is gone.
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().source_gone
+    }
+
+    /// Bytes queued and not yet taken by the connection.
+    pub fn queued(&self) -> usize {
+        self.shared.lock().queued.len()
+    }
+
+    /// Ends the body once the queued bytes are sent.
+    pub fn finish(mut self) {
+        self.finished = true;
+        self.shared.end(End::Finished);
+    }
+}
+
+impl Drop for StreamSender {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.shared.end(End::Aborted);
+        }
+    }
+}
+
+impl StreamSource {
+    /// Takes what is queued, or registers `waker` (made only when needed) to be called when
+    /// there is more.
+    pub(crate) fn poll(&self, waker: impl FnOnce() -> Waker) -> Poll {
+        let mut state = self.shared.lock();
+        if !state.queued.is_empty() {
+            return Poll::Data(std::mem::take(&mut state.queued));
+        }
+        match state.end {
+            End::Finished => Poll::Finished,
+            End::Aborted => Poll::Aborted,
+            End::Open => {
+                state.waiter = Some(waker());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for StreamSource {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.source_gone = true;
+        state.queued = Vec::new();
+        state.waiter = None;
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn end(&self, end: End) {
+        let waiter = {
+            let mut state = self.lock();
+            state.end = end;
+            state.waiter.take()
+        };
+        if let Some(wake) = waiter {
+            wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counting_waker(count: &Arc<AtomicUsize>) -> impl FnOnce() -> Waker {
+        let count = Arc::clone(count);
+        move || {
+            Box::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+    }
+
+    #[test]
+    fn bytes_pass_in_order_and_a_waiting_source_is_woken_once() {
+        let (sender, source) = channel(16);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
+        sender.send(b"ab").unwrap();
+        sender.send(b"cd").unwrap();
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(d) if d == b"abcd"));
+        sender.finish();
+        assert!(matches!(
+            source.poll(counting_waker(&wakes)),
+            Poll::Finished
+        ));
+    }
+
+    #[test]
+    fn a_full_queue_and_a_gone_client_are_reported() {
+        let (sender, source) = channel(4);
+        sender.send(b"1234").unwrap();
+        assert_eq!(sender.send(b"5"), Err(SendError::Full));
+        assert_eq!(sender.queued(), 4);
+        drop(source);
+        assert!(sender.is_closed());
+        assert_eq!(sender.send(b"5"), Err(SendError::Closed));
+    }
+
+    #[test]
+    fn a_dropped_sender_aborts_and_wakes() {
+        let (sender, source) = channel(4);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
+        drop(sender);
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Aborted));
+    }
+}

@@ -1,0 +1,137 @@
+//! Socket and readiness calls std does not offer: epoll, eventfd, `poll`, `send` with flags,
+//! `sendfile`. The only module of the crate with `unsafe`; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Readable (or the peer half-closed), one-shot: after one event the descriptor is disarmed
+/// until re-armed.
+pub const WANT_READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+/// Writable, one-shot.
+pub const WANT_WRITE: u32 = (libc::EPOLLOUT | libc::EPOLLONESHOT) as u32;
+/// Only the peer leaving (hang-up, error, half-close), one-shot: a connection waiting for its
+/// producer.
+pub const WANT_HANGUP: u32 = (libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+
+/// Turns a libc return value into `io::Result`, reading `errno` when it is -1.
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Like [`check`], for calls returning `ssize_t`.
+fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
+    usize::try_from(ret).map_err(|_| io::Error::last_os_error())
+}
+
+/// An epoll instance. Safe to share between threads: the kernel serialises `epoll_ctl`.
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new descriptor
+        // that nothing else owns, so wrapping it in OwnedFd is sound.
+        let fd = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Epoll { fd })
+    }
+
+    pub fn add(&self, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, events)
+    }
+
+    pub fn modify(&self, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, events)
+    }
+
+    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+        let mut event = libc::epoll_event { events, u64: token };
+        // SAFETY: `event` is a valid, initialised epoll_event that outlives the call; the kernel
+        // only reads it. Invalid descriptors are reported through errno.
+        check(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut event) })?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout_ms` (-1: forever) for one event; its token, or `None` on timeout.
+    /// One at a time: with one-shot registrations, an event taken is owned by this thread, and
+    /// a worker about to block on a disk must not hold events other workers could serve.
+    pub fn wait_one(&self, timeout_ms: i32) -> io::Result<Option<u64>> {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `event` is one writable epoll_event; the kernel writes at most 1 entry.
+        let ret = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), &mut event, 1, timeout_ms) };
+        match check(ret) {
+            Ok(0) => Ok(None),
+            Ok(_) => Ok(Some(event.u64)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A non-blocking eventfd, used to wake a thread blocked in `epoll_wait`.
+pub fn eventfd() -> io::Result<File> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+    let fd = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `send` without blocking and without `SIGPIPE`; with `more`, tells the kernel more data
+/// follows (`MSG_MORE`), so a response head and the first bytes of a file share a segment.
+pub fn send(fd: RawFd, buf: &[u8], more: bool) -> io::Result<usize> {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if more { libc::MSG_MORE } else { 0 };
+    // SAFETY: `buf` is a valid readable slice for its whole length during the call.
+    check_size(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
+}
+
+/// True when `fd` is ready now for any of `events` (`EPOLLIN`/`EPOLLOUT` bits) or has hung up.
+pub fn is_ready(fd: RawFd, events: u32) -> bool {
+    let mut wanted: libc::c_short = 0;
+    if events & libc::EPOLLIN as u32 != 0 {
+        wanted |= libc::POLLIN;
+    }
+    if events & libc::EPOLLOUT as u32 != 0 {
+        wanted |= libc::POLLOUT;
+    }
+    if events & libc::EPOLLRDHUP as u32 != 0 {
+        wanted |= libc::POLLRDHUP;
+    }
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: wanted,
+        revents: 0,
+    };
+    // SAFETY: `pollfd` is one valid, writable pollfd; a timeout of 0 never blocks.
+    let ret = unsafe { libc::poll(&mut pollfd, 1, 0) };
+    ret > 0 && pollfd.revents != 0
+}
+
+/// Reads what is already there without blocking; `WouldBlock` when nothing is.
+pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable slice for its whole length during the call.
+    check_size(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
+}
+
+/// `sendfile(2)`: copies up to `count` bytes of `file` from `*offset` to `socket` inside the
+/// kernel and advances `*offset` by the amount sent.
+pub fn sendfile(socket: RawFd, file: RawFd, offset: &mut u64, count: usize) -> io::Result<usize> {
+    let mut off = i64::try_from(*offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
+    // SAFETY: `off` is a valid i64 the kernel reads and updates; both descriptors are checked by
+    // the kernel.
+    let sent = check_size(unsafe { libc::sendfile(socket, file, &mut off, count) })?;
+    *offset = u64::try_from(off).unwrap_or(*offset);
+    Ok(sent)
+}
