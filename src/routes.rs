@@ -26,7 +26,12 @@ pub struct Router {
 
 impl Handler for Router {
     fn handle(&self, request: &mut Request<'_>) -> Response {
-        route(&self.app, request).unwrap_or_else(Response::from)
+        if let Some(preflight) = api::cors::preflight(&request.head) {
+            return preflight;
+        }
+        let mut response = route(&self.app, request).unwrap_or_else(Response::from);
+        api::cors::decorate(&request.head, &mut response);
+        response
     }
 }
 
@@ -46,6 +51,9 @@ fn route(app: &App, request: &mut Request<'_>) -> Result<Response, ApiError> {
         ("/files/compose", "POST") => api::compose::post(app, request),
         ("/files", "GET" | "HEAD") => api::download::get(app, request),
         ("/files", "POST") => api::upload::post(app, request),
+        (path, _) if api::connect_stub::procedure(path).is_some() => {
+            Ok(api::connect_stub::answer(app, &request.head))
+        }
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return Ok(Response::from(ApiError::new(
