@@ -4,7 +4,7 @@ BIN     := target/$(TARGET)/release/sandboxd
 ADDR    ?= 127.0.0.1:49983
 CARGO   ?= cargo
 
-.PHONY: build run test unit integration lint bench fuzz clean
+.PHONY: build run test unit integration lint bench fuzz clean sdk-test
 
 build: $(BIN)
 
@@ -67,3 +67,9 @@ soak: build
 	$(CARGO) test --release --locked -- --ignored
 	scripts/soak/schemathesis
 	scripts/soak/load
+
+# The published e2b SDKs (Python from PyPI into target/sdk-test/venv; JS from npm when node is
+# installed) against a fresh daemon: real files.write/read and signed-URL calls, PASS/FAIL each.
+# Needs the registries; not part of `test`.
+sdk-test: build
+	SANDBOXD_BIN=$(CURDIR)/$(BIN) scripts/sdk-test

@@ -1,7 +1,8 @@
 //! `App`: the daemon's state shared by every handler, and the checks every handler makes.
 //!
 //! It owns what `/init` can change at run time (the token, the default user and workdir, the
-//! variables it set) behind locks held only to copy a value out.
+//! variables it set, the timestamp of the newest `/init` applied) behind locks held only to copy
+//! a value out or to apply one `/init`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,6 +26,9 @@ pub struct App {
     base_env: BTreeMap<String, String>,
     /// Variables set by the last `/init`.
     init_env: RwLock<BTreeMap<String, String>>,
+    /// Unix nanoseconds of the newest `timestamp` an applied `/init` carried; its lock also
+    /// serialises the applying of `/init`s.
+    last_init: Mutex<Option<i128>>,
     shutting_down: AtomicBool,
     /// `None` when /proc could not be opened; retried on the next `/metrics`.
     sampler: Mutex<Option<Sampler>>,
@@ -50,6 +54,7 @@ impl App {
                 .filter(|(key, _)| !key.starts_with("SANDBOXD_"))
                 .collect(),
             init_env: RwLock::new(BTreeMap::new()),
+            last_init: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
             sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
             config,
@@ -71,14 +76,32 @@ impl App {
         env
     }
 
-    /// Applies a validated `/init`. Fields left `None` are unchanged.
+    /// True when an `/init` carrying `timestamp` (Unix nanoseconds) is older than the newest one
+    /// applied, and so must change nothing. Without a timestamp it never is.
+    pub fn init_is_stale(&self, timestamp: Option<i128>) -> bool {
+        let last = *self.last_init.lock().unwrap_or_else(|e| e.into_inner());
+        matches!((timestamp, last), (Some(new), Some(last)) if new < last)
+    }
+
+    /// Applies a validated `/init` unless it has become stale meanwhile ([`App::init_is_stale`]);
+    /// returns whether it was applied. A timestamp equal to the newest applies (as envd's), and
+    /// an `/init` without one applies and leaves the newest as it was. Fields left `None` are
+    /// unchanged.
     pub fn apply_init(
         &self,
+        timestamp: Option<i128>,
         token: Option<String>,
         env: Option<BTreeMap<String, String>>,
         user: Option<String>,
         workdir: Option<Option<PathBuf>>,
-    ) {
+    ) -> bool {
+        let mut last = self.last_init.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(new) = timestamp {
+            if last.is_some_and(|last| new < last) {
+                return false;
+            }
+            *last = Some(new);
+        }
         if let Some(env) = env {
             *write(&self.init_env) = env;
         }
@@ -94,6 +117,7 @@ impl App {
         if let Some(token) = token {
             *write(&self.token) = Some(token);
         }
+        true
     }
 
     /// One resource sample (SPEC §7); 500 naming the OS error when /proc can't be read.

@@ -9,10 +9,18 @@ use std::time::Duration;
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:49983";
 
+/// Idle keep-alive connections live this long (SPEC §1, §10): envd's 640 s, above the 620 s for
+/// which E2B's orchestrator proxy keeps an idle pooled connection to the sandbox, so the proxy
+/// always closes first and never sends a request on a connection sandboxd is closing.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: f64 = 640.0;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub listen: SocketAddr,
     pub access_token_file: Option<PathBuf>,
+    /// File holding the lower-case hex SHA-256 of a token the host authorises `/init` to set
+    /// without the current one (SPEC §9); read on every `/init` that needs it.
+    pub init_token_hash_file: Option<PathBuf>,
     pub default_user: String,
     pub default_workdir: Option<PathBuf>,
     pub passwd_file: PathBuf,
@@ -42,6 +50,8 @@ pub enum Command {
     Serve(Config),
     Help,
     Version,
+    /// Go-style `-version`: print the bare envd API level (E2B's template builder runs it).
+    EnvdVersion,
     /// Probe `/health` at this address; exit 0 when it answers 204.
     Healthcheck(SocketAddr),
     Sign(SignRequest),
@@ -55,16 +65,19 @@ Usage:
   sandboxd --healthcheck [ADDR]      probe a running daemon's /health; exit 0 if healthy
   sandboxd sign PATH [SIGN OPTIONS]  print a signed download/upload URL
   sandboxd --help | --version
+  sandboxd -version                  print only the envd API level implemented (as envd does)
 
 Options (each also read from the environment variable shown; the flag wins):
   --listen ADDR             SANDBOXD_LISTEN             [0.0.0.0:49983]
   --access-token-file PATH  SANDBOXD_ACCESS_TOKEN_FILE  token file (or SANDBOXD_ACCESS_TOKEN)
+  --init-token-hash-file PATH  SANDBOXD_INIT_TOKEN_HASH_FILE
+                            hex SHA-256 of a token /init may set without the current one
   --default-user NAME       SANDBOXD_DEFAULT_USER       [root]
   --default-workdir PATH    SANDBOXD_DEFAULT_WORKDIR    [the user's home]
   --passwd-file PATH        SANDBOXD_PASSWD_FILE        [/etc/passwd]
   --workers N               SANDBOXD_WORKERS            [4 x CPUs, 4..64]
   --header-timeout SECS     SANDBOXD_HEADER_TIMEOUT     [10]
-  --idle-timeout SECS       SANDBOXD_IDLE_TIMEOUT       [60]
+  --idle-timeout SECS       SANDBOXD_IDLE_TIMEOUT       [640]
   --drain-timeout SECS      SANDBOXD_DRAIN_TIMEOUT      [10]
   --send-timeout SECS       SANDBOXD_SEND_TIMEOUT       [30] stalled reader of a response
   --body-timeout SECS       SANDBOXD_BODY_TIMEOUT       [30] stalled sender of a request body
@@ -80,6 +93,7 @@ Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
 const OPTIONS: &[(&str, &str)] = &[
     ("--listen", "SANDBOXD_LISTEN"),
     ("--access-token-file", "SANDBOXD_ACCESS_TOKEN_FILE"),
+    ("--init-token-hash-file", "SANDBOXD_INIT_TOKEN_HASH_FILE"),
     ("--default-user", "SANDBOXD_DEFAULT_USER"),
     ("--default-workdir", "SANDBOXD_DEFAULT_WORKDIR"),
     ("--passwd-file", "SANDBOXD_PASSWD_FILE"),
@@ -98,6 +112,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Co
     match args.first().map(String::as_str) {
         Some("--help" | "-h") => return Ok(Command::Help),
         Some("--version" | "-V") => return Ok(Command::Version),
+        Some("-version") => return Ok(Command::EnvdVersion),
         Some("sign") => return parse_sign(&args[1..], env),
         Some("--healthcheck") => {
             let config = parse_serve(&[], env)?;
@@ -120,7 +135,7 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
             Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
             _ => (arg.as_str(), None),
         };
-        if matches!(name, "--help" | "--version" | "--healthcheck") {
+        if matches!(name, "--help" | "--version" | "-version" | "--healthcheck") {
             return Err(format!("{name} must come first"));
         }
         let index = OPTIONS
@@ -150,6 +165,9 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         access_token_file: value("--access-token-file")
             .map(non_empty_path)
             .transpose()?,
+        init_token_hash_file: value("--init-token-hash-file")
+            .map(non_empty_path)
+            .transpose()?,
         default_user: match value("--default-user") {
             None => "root".into(),
             Some("") => return Err("--default-user must not be empty".into()),
@@ -162,7 +180,7 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         passwd_file: non_empty_path(value("--passwd-file").unwrap_or("/etc/passwd"))?,
         workers: value("--workers").map_or(Ok(default_workers()), parse_workers)?,
         header_timeout: seconds("--header-timeout", 10.0)?,
-        idle_timeout: seconds("--idle-timeout", 60.0)?,
+        idle_timeout: seconds("--idle-timeout", DEFAULT_IDLE_TIMEOUT_SECS)?,
         drain_timeout: seconds("--drain-timeout", 10.0)?,
         send_timeout: seconds("--send-timeout", 30.0)?,
         body_timeout: seconds("--body-timeout", 30.0)?,
@@ -300,7 +318,8 @@ mod tests {
         assert_eq!(config.default_user, "root");
         assert_eq!(config.passwd_file, PathBuf::from("/etc/passwd"));
         assert_eq!(config.header_timeout, Duration::from_secs(10));
-        assert_eq!(config.idle_timeout, Duration::from_secs(60));
+        assert_eq!(config.idle_timeout, Duration::from_secs(640));
+        assert_eq!(config.init_token_hash_file, None);
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
         assert_eq!(config.workers, default_workers());
         assert_eq!(config.default_workdir, None);
@@ -337,6 +356,33 @@ mod tests {
                 "{bad:?}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn go_style_version_and_the_init_token_hash_file() {
+        assert_eq!(
+            parse(&args(&["-version"]), &no_env).unwrap(),
+            Command::EnvdVersion
+        );
+        assert_eq!(
+            parse(&args(&["--version"]), &no_env).unwrap(),
+            Command::Version
+        );
+        assert!(parse(&args(&["--listen", "127.0.0.1:1", "-version"]), &no_env).is_err());
+        let env = |name: &str| {
+            (name == "SANDBOXD_INIT_TOKEN_HASH_FILE").then(|| "/run/from-env".to_string())
+        };
+        let config = serve(&[], &env);
+        assert_eq!(
+            config.init_token_hash_file,
+            Some(PathBuf::from("/run/from-env"))
+        );
+        let config = serve(&["--init-token-hash-file", "/run/flag"], &env);
+        assert_eq!(
+            config.init_token_hash_file,
+            Some(PathBuf::from("/run/flag"))
+        );
+        assert!(parse(&args(&["--init-token-hash-file", ""]), &no_env).is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Entry point: parse the command line, then serve or run a subcommand. Bad usage exits 2.
 
+use sandboxd::api::init::ENVD_VERSION;
 use sandboxd::config::{self, Command};
 use sandboxd::{cli, daemon};
 
@@ -23,6 +24,10 @@ fn main() {
         }
         Command::Version => {
             println!("sandboxd {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Command::EnvdVersion => {
+            println!("{}", ENVD_VERSION);
             0
         }
         Command::Healthcheck(addr) => cli::healthcheck(addr),

@@ -29,11 +29,14 @@ pub struct Router {
 }
 
 impl Handler for Router {
+    /// CORS preflights are answered before anything else; every other answer gets the CORS
+    /// headers its request calls for, however it is produced.
     fn begin(&self, head: &Head) -> Action {
-        match route(&self.app, head) {
-            Ok(action) => action,
-            Err(error) => Action::Respond(error.into()),
+        if let Some(preflight) = api::cors::preflight(head) {
+            return Action::Respond(preflight);
         }
+        let action = route(&self.app, head).unwrap_or_else(|error| Action::Respond(error.into()));
+        api::cors::decorate_action(head, action)
     }
 
     fn refused(&self, error: &Error) -> Response {
@@ -72,6 +75,9 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         ("/files/compose", "POST") => api::compose::begin(app, head),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
         ("/files", "POST") => api::upload::begin(app, head),
+        (path, _) if api::connect_stub::procedure(path).is_some() => {
+            respond(api::connect_stub::answer(app, head))
+        }
         (path, _) => Err(match ROUTES.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
                 return respond(

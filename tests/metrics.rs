@@ -107,8 +107,9 @@ fn real_machine_figures_match_proc_and_statvfs() {
     assert!(json["mem_used"].as_u64().unwrap() <= mem_total);
     assert!(json["cpu_count"].as_u64().unwrap() >= 1);
     assert!(json["cpu_count"].as_u64().unwrap() <= online_cpus());
+    // Used as SPEC §7 (corrected) and `df` count it: total less free blocks (`%f`, f_bfree).
     let df = std::process::Command::new("stat")
-        .args(["-f", "-c", "%b %a %S", "/"])
+        .args(["-f", "-c", "%b %f %S", "/"])
         .output()
         .unwrap();
     let text = String::from_utf8(df.stdout).unwrap();

@@ -1,12 +1,41 @@
-//! `POST /init` (envd-compatible subset): set the token, variables, default user and workdir.
+//! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir.
 //!
-//! Everything is validated before anything changes. With a token already set, the caller must
-//! present it, in `X-Access-Token` or as the body's `accessToken`.
+//! [`begin`] looks at the head, [`post`] parses the collected body; [`apply`] decides from the parsed [`InitBody`] and the head, so
+//! how the body's bytes reach a handler can change without touching the rules. Their order is
+//! envd's:
+//!
+//! 1. the body is parsed, `timestamp` included: malformed is 400;
+//! 2. the caller is authorised, else 401 (below);
+//! 3. an `/init` whose `timestamp` is older than the newest one applied changes nothing: 204;
+//! 4. every field is validated before anything changes (400, or 401 for an unknown user);
+//! 5. it is applied: 204.
+//!
+//! Every answer, errors included, carries `Cache-Control: no-store` and `X-Envd-Version`, as
+//! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
+//! resume.
+//!
+//! **Authorisation.** Without a current token `/init` is open, as every route is. With one, the
+//! caller presents it in `X-Access-Token` or as the body's `accessToken`, or sends a new
+//! `accessToken` whose lower-case hex SHA-256 is the content of `--init-token-hash-file`
+//! (trimmed; read on each such request, so the host may write it at any time before). That is
+//! how a host rotates the token of a sandbox resumed from a snapshot, which still holds the old
+//! one. envd reads that hash (SHA-512 there) from Firecracker's MMDS; sandboxd reads a file the
+//! host or init writes. A missing, unreadable or empty file authorises nothing, and the hash
+//! only ever adds a way in: with no current token nothing is refused because of it.
+//!
+//! **Where sandboxd differs from envd on purpose.** An `/init` without `accessToken` leaves the
+//! token as it is (envd clears it when the host allows); a token is never cleared. The clock is
+//! not set from `timestamp` (envd sets the guest's clock; that is the VM's init's business, and
+//! sandboxd need not run as root). Other fields envd knows (`hyperloopIP`, `caBundle`,
+//! `volumeMounts`, `lifecycleID`) are accepted and ignored; see [`ENVD_VERSION`] for why that
+//! keeps the version sandboxd reports below the ones whose clients rely on them.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use std::sync::Arc;
 
@@ -17,47 +46,91 @@ use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
 
-#[derive(Deserialize)]
+/// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
+/// builder runs `envd -version` and records the answer as the template's envd version) and sent
+/// in `X-Envd-Version` on every `/init` answer. The one place this string lives.
+///
+/// Clients switch behaviour on this number, so it must never name a version whose HTTP surface
+/// sandboxd lacks (envd's history, `packages/envd` in e2b-dev/infra; the SDKs' `ENVD_*`
+/// constants; the orchestrator's and API's `minEnvdVersionFor*`):
+///
+/// - 0.4.0: requests without `username` mean the default user (SDKs stop sending `user`). Have.
+/// - 0.5.0: the host re-keys a resumed snapshot through `/init` (the orchestrator's snapshot
+///   gate). Have, through `--init-token-hash-file`.
+/// - 0.5.1–0.5.2: `Content-Disposition` on downloads, `volumeMounts` accepted by `/init` (only
+///   sent from 0.5.14 on). Have.
+/// - 0.5.3: `Content-Encoding: gzip` uploads. **Missing**: a gzip upload is 415 today.
+/// - 0.5.5 `/files/compose`, 0.5.7 raw `application/octet-stream` uploads (the SDKs' default
+///   for streams, and their only way to send gzip), 0.5.9 `mem_cache`. Have.
+/// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on).
+///   **Missing**.
+/// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on).
+///   **Missing**.
+/// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
+/// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). **Missing**.
+/// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd,
+///   are missing entirely (501, SPEC §9b); their SDK gates (0.1.4, 0.3.0, 0.5.2, 0.6.3, 0.6.4)
+///   change nothing for a client that cannot reach them anyway.
+///
+/// Hence 0.5.2: with it the SDKs send multipart uploads (which sandboxd has) and fall back from
+/// `gzip=True` to an uncompressed upload instead of sending gzip, and neither E2B's API nor its
+/// orchestrator turns on a feature sandboxd would silently drop. Once gzip uploads land this can
+/// be 0.5.12; 0.6.2 (SPEC's example) needs `caBundle`, `volumeMounts`, `/freeze`, `/unfreeze`
+/// and metadata too.
+pub const ENVD_VERSION: &str = "0.5.2";
+
+/// The body of `POST /init`; every field optional, unknown fields ignored.
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct InitBody {
+pub struct InitBody {
     access_token: Option<String>,
     env_vars: Option<BTreeMap<String, String>>,
     default_user: Option<String>,
     default_workdir: Option<String>,
+    /// RFC 3339; an `/init` older than the newest one applied changes nothing.
+    timestamp: Option<String>,
 }
 
-/// A wrong `X-Access-Token` is refused from the head alone; without one, the current token may
-/// still come in the body, which is then collected (bounded, without a worker) and checked.
+/// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
+/// host authorises no rotation); otherwise the body (at most 1 MiB) is collected in the event
+/// loop, without a worker, since it may carry the credential.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     if let Some(current) = app.token() {
         let sent = head.header("x-access-token").filter(|t| !t.is_empty());
-        if sent.is_some() && auth::check_token(Some(&current), sent).is_err() {
-            return Err(ApiError::unauthorized(auth::UNAUTHORIZED));
+        let wrong = sent.is_some() && auth::check_token(Some(&current), sent).is_err();
+        if wrong && app.config.init_token_hash_file.is_none() {
+            let refused = Err(ApiError::unauthorized(auth::UNAUTHORIZED));
+            return Ok(Action::Respond(with_envd_headers(refused)));
         }
     }
     Ok(collect_json(app, post))
 }
 
 fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
-    let body: InitBody = if body.is_empty() {
-        InitBody {
-            access_token: None,
-            env_vars: None,
-            default_user: None,
-            default_workdir: None,
-        }
+    let result = if body.is_empty() {
+        Ok(InitBody::default())
     } else {
-        parse_json(body)?
+        parse_json(body)
     };
-    if let Some(current) = app.token() {
-        let by_header = auth::check_token(Some(&current), head.header("x-access-token"));
-        let by_body = body
-            .access_token
-            .as_deref()
-            .is_some_and(|t| auth::constant_time_eq(t.as_bytes(), current.as_bytes()));
-        if by_header.is_err() && !by_body {
-            return Err(ApiError::unauthorized(auth::UNAUTHORIZED));
-        }
+    Ok(with_envd_headers(
+        result.and_then(|body| apply(app, head, body)),
+    ))
+}
+
+/// Every `/init` answer, errors included, is `no-store` and names the envd level.
+fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
+    result
+        .unwrap_or_else(Response::from)
+        .with_header("Cache-Control", "no-store")
+        .with_header("X-Envd-Version", ENVD_VERSION)
+}
+
+/// Authorises, validates and applies one `/init` (the order is in the module documentation).
+pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiError> {
+    let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
+    authorise(app, head, body.access_token.as_deref())?;
+    if app.init_is_stale(timestamp) {
+        return Ok(Response::empty(204));
     }
     if body.access_token.as_deref() == Some("") {
         return Err(ApiError::bad_request("accessToken must not be empty"));
@@ -87,10 +160,238 @@ fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
             )))
         }
     };
-    app.apply_init(body.access_token, body.env_vars, body.default_user, workdir);
+    // False only when a newer /init was applied since the check above: this one is stale now.
+    app.apply_init(
+        timestamp,
+        body.access_token,
+        body.env_vars,
+        body.default_user,
+        workdir,
+    );
     Ok(Response::empty(204))
+}
+
+/// With a current token: the header, the body's `accessToken` equal to it, or a new
+/// `accessToken` the host authorised by its hash. 401 otherwise.
+fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Result<(), ApiError> {
+    let Some(current) = app.token() else {
+        return Ok(());
+    };
+    if auth::check_token(Some(&current), head.header("x-access-token")).is_ok() {
+        return Ok(());
+    }
+    let authorised = new_token.is_some_and(|token| {
+        auth::constant_time_eq(token.as_bytes(), current.as_bytes())
+            || host_authorised(app.config.init_token_hash_file.as_deref(), token)
+    });
+    if authorised {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized(auth::UNAUTHORIZED))
+    }
+}
+
+/// Largest hash file read: a hex SHA-256 is 64 bytes; anything much longer is not one.
+const MAX_HASH_FILE: u64 = 4096;
+
+/// True when the file at `path` holds the hex SHA-256 of `token` (surrounding whitespace and
+/// the case of the hex digits ignored), compared in constant time. No file, an unreadable or
+/// empty one: false (an unreadable one is logged, without its content).
+fn host_authorised(path: Option<&Path>, token: &str) -> bool {
+    let Some(path) = path else {
+        return false;
+    };
+    let mut content = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_HASH_FILE).read_to_end(&mut content));
+    if let Err(e) = read {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            crate::log::line(format_args!(
+                "init: cannot read the token hash file '{}': {e}",
+                path.display()
+            ));
+        }
+        return false;
+    }
+    let expected = content.trim_ascii().to_ascii_lowercase();
+    !expected.is_empty() && auth::constant_time_eq(sha256_hex(token).as_bytes(), &expected)
+}
+
+/// Lower-case hex SHA-256 of `text`.
+fn sha256_hex(text: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .flat_map(|byte| [HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]])
+        .map(char::from)
+        .collect()
 }
 
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['=', '\0'])
+}
+
+/// `timestamp` as Unix nanoseconds, or 400 naming it.
+fn parse_timestamp(text: &str) -> Result<i128, ApiError> {
+    parse_rfc3339(text).ok_or_else(|| {
+        let shown: String = text.chars().take(64).collect();
+        ApiError::bad_request(format!(
+            "invalid timestamp '{shown}': not an RFC 3339 date-time like 2006-01-02T15:04:05Z"
+        ))
+    })
+}
+
+/// Parses an RFC 3339 date-time (`2006-01-02T15:04:05.999999999+07:00`, `T`/`Z` in either
+/// case, fraction optional and cut at nanoseconds) into Unix nanoseconds.
+fn parse_rfc3339(text: &str) -> Option<i128> {
+    let b = text.as_bytes();
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        b.get(range)?.iter().try_fold(0i64, |acc, &d| {
+            d.is_ascii_digit().then(|| acc * 10 + i64::from(d - b'0'))
+        })
+    };
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if separators.iter().any(|&(at, c)| b.get(at) != Some(&c))
+        || !matches!(b.get(10), Some(b'T' | b't'))
+    {
+        return None;
+    }
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let days_in_month = match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
+    if !(1..=days_in_month).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let mut at = 19;
+    let mut nanos: i64 = 0;
+    if b.get(at) == Some(&b'.') {
+        let digits = b[at + 1..]
+            .iter()
+            .take_while(|d| d.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        nanos = b[at + 1..at + 1 + digits.min(9)]
+            .iter()
+            .fold(0, |acc, &d| acc * 10 + i64::from(d - b'0'))
+            * 10i64.pow(9 - digits.min(9) as u32);
+        at += 1 + digits;
+    }
+    let offset = match b.get(at..)? {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let (oh, om) = (number(at + 1..at + 3)?, number(at + 4..at + 6)?);
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            let offset = oh * 3600 + om * 60;
+            if *sign == b'-' {
+                -offset
+            } else {
+                offset
+            }
+        }
+        _ => return None,
+    };
+    let seconds =
+        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    Some(i128::from(seconds) * 1_000_000_000 + i128::from(nanos))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: i128 = 1_000_000_000;
+
+    #[test]
+    fn rfc3339_timestamps_to_unix_nanoseconds() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339("2023-11-14T22:13:20Z"),
+            Some(1_700_000_000 * SECOND)
+        );
+        assert_eq!(
+            parse_rfc3339("2023-11-14t23:13:20.5+01:00"),
+            Some(1_700_000_000 * SECOND + 500_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339("2023-11-14T21:13:20.123456789123-01:00"),
+            Some(1_700_000_000 * SECOND + 123_456_789)
+        );
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59z"), Some(-SECOND));
+        assert_eq!(
+            parse_rfc3339("2024-02-29T00:00:00Z"),
+            Some(1_709_164_800 * SECOND)
+        );
+        assert_eq!(
+            parse_rfc3339("9999-12-31T23:59:59Z"),
+            Some(253_402_300_799 * SECOND)
+        );
+    }
+
+    #[test]
+    fn malformed_timestamps_are_refused() {
+        for bad in [
+            "",
+            "2023-11-14",
+            "2023-11-14T22:13:20",
+            "2023-11-14 22:13:20Z",
+            "2023-13-14T22:13:20Z",
+            "2023-02-29T22:13:20Z",
+            "2023-11-00T22:13:20Z",
+            "2023-11-14T24:00:00Z",
+            "2023-11-14T22:60:00Z",
+            "2023-11-14T22:13:20.Z",
+            "2023-11-14T22:13:20+0100",
+            "2023-11-14T22:13:20+24:00",
+            "2023-11-14T22:13:20Zjunk",
+            "+023-11-14T22:13:20Z",
+            "2023-11-14T22:13:20\u{e9}",
+            "2023-11-14T22:1\u{e9}:20Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad:?}");
+        }
+        let error = parse_timestamp(&"9".repeat(1000)).unwrap_err();
+        assert_eq!(error.status, 400);
+        assert!(error.message.len() < 200, "{}", error.message);
+    }
+
+    #[test]
+    fn sha256_hex_is_lower_case() {
+        assert_eq!(
+            sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn the_hash_file_authorises_exactly_its_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hash");
+        assert!(!host_authorised(None, "new"));
+        assert!(!host_authorised(Some(&path), "new"), "no file");
+        std::fs::write(&path, "").unwrap();
+        assert!(!host_authorised(Some(&path), ""), "empty file");
+        std::fs::write(&path, format!("  {}\n", sha256_hex("new").to_uppercase())).unwrap();
+        assert!(host_authorised(Some(&path), "new"));
+        assert!(!host_authorised(Some(&path), "other"));
+        assert!(!host_authorised(Some(dir.path()), "new"), "a directory");
+    }
 }

@@ -1,6 +1,8 @@
 //! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out.
 
 pub mod compose;
+pub mod connect_stub;
+pub mod cors;
 pub mod download;
 pub mod envs;
 pub mod health;

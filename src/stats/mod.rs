@@ -36,7 +36,7 @@ pub struct Metrics {
     pub mem_total_mib: u64,
     /// `mem_used` in MiB, rounded down.
     pub mem_used_mib: u64,
-    /// Bytes used on `/`: `(f_blocks - f_bavail) * f_frsize`.
+    /// Bytes used on `/`: `(f_blocks - f_bfree) * f_frsize` (as `df`; reserved blocks are not used).
     pub disk_used: u64,
     /// Bytes of `/`: `f_blocks * f_frsize`.
     pub disk_total: u64,

@@ -1,7 +1,8 @@
 //! `statvfs(2)`: the block counts of the filesystem holding a path.
 //!
 //! Owns the one call and the conversion of `struct statvfs` into plain `u64`s; the arithmetic
-//! SPEC asks of the figures (used = `(f_blocks - f_bavail) * f_frsize`) lives here too, saturating.
+//! SPEC asks of the figures (used = `(f_blocks - f_bfree) * f_frsize`, as `df` and envd's
+//! gopsutil count it: blocks reserved for root are not "used") lives here too, saturating.
 
 use std::ffi::CString;
 use std::io;
@@ -14,9 +15,9 @@ use std::path::Path;
 pub struct FsStats {
     /// `f_blocks`: size of the filesystem in `f_frsize` units.
     pub blocks: u64,
-    /// `f_bavail`: free blocks available to unprivileged users.
-    pub bavail: u64,
-    /// `f_frsize`: fragment size, the unit of `blocks` and `bavail`.
+    /// `f_bfree`: free blocks, those reserved for root included.
+    pub bfree: u64,
+    /// `f_frsize`: fragment size, the unit of `blocks` and `bfree`.
     pub frsize: u64,
 }
 
@@ -26,10 +27,10 @@ impl FsStats {
         self.blocks.saturating_mul(self.frsize)
     }
 
-    /// `(f_blocks - f_bavail) * f_frsize`, saturating.
+    /// `(f_blocks - f_bfree) * f_frsize`, saturating.
     pub fn used_bytes(&self) -> u64 {
         self.blocks
-            .saturating_sub(self.bavail)
+            .saturating_sub(self.bfree)
             .saturating_mul(self.frsize)
     }
 }
@@ -55,7 +56,7 @@ pub fn statvfs(path: &Path) -> io::Result<FsStats> {
     #[allow(clippy::unnecessary_cast)]
     Ok(FsStats {
         blocks: st.f_blocks as u64,
-        bavail: st.f_bavail as u64,
+        bfree: st.f_bfree as u64,
         frsize: st.f_frsize as u64,
     })
 }
@@ -68,8 +69,35 @@ mod tests {
     fn root_has_blocks() {
         let st = statvfs(Path::new("/")).expect("statvfs /");
         assert!(st.blocks > 0 && st.frsize > 0, "{st:?}");
-        assert!(st.bavail <= st.blocks, "{st:?}");
+        assert!(st.bfree <= st.blocks, "{st:?}");
         assert!(st.used_bytes() <= st.total_bytes());
+    }
+
+    /// `used_bytes` is what `df` shows as used (`stat -f`: total blocks less free blocks), not
+    /// total less the blocks available to unprivileged users.
+    #[test]
+    fn used_is_blocks_less_free_blocks_as_df() {
+        let Ok(output) = std::process::Command::new("stat")
+            .args(["-f", "-c", "%b %f %a %S", "/"])
+            .output()
+        else {
+            return; // no coreutils `stat`: nothing to compare with
+        };
+        let text = String::from_utf8_lossy(&output.stdout);
+        let numbers: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        let [blocks, free, _available, size] = numbers[..] else {
+            panic!("stat -f printed {text:?}");
+        };
+        let st = statvfs(Path::new("/")).expect("statvfs /");
+        assert_eq!(st.blocks, blocks);
+        assert_eq!(st.frsize, size);
+        // Other writers may change the free count between the two calls: allow 64 MiB.
+        let slack = (64 << 20) / size;
+        assert!(st.bfree.abs_diff(free) <= slack, "{st:?} vs {text}");
+        assert!(st.used_bytes().abs_diff((blocks - free) * size) <= slack * size);
     }
 
     #[test]
@@ -88,21 +116,21 @@ mod tests {
     fn arithmetic_saturates() {
         let st = FsStats {
             blocks: u64::MAX,
-            bavail: 1,
+            bfree: 1,
             frsize: 4096,
         };
         assert_eq!(st.total_bytes(), u64::MAX);
         assert_eq!(st.used_bytes(), u64::MAX);
         let odd = FsStats {
             blocks: 10,
-            bavail: 20,
+            bfree: 20,
             frsize: 4096,
         };
         assert_eq!(odd.used_bytes(), 0);
         assert_eq!(odd.total_bytes(), 40960);
         let real = FsStats {
             blocks: 1000,
-            bavail: 250,
+            bfree: 250,
             frsize: 4096,
         };
         assert_eq!(real.used_bytes(), 750 * 4096);
