@@ -98,6 +98,10 @@ pub(crate) struct Conn {
     inbuf: Vec<u8>,
     /// How far `inbuf` was searched for the end of a head.
     scanned: usize,
+    /// An answer was just written and nothing is buffered: the next request has most likely
+    /// not arrived, so park at once rather than pay a `recv` that would say so (epoll reports
+    /// a request that did arrive right away).
+    park_before_reading: bool,
     phase: Phase,
 }
 
@@ -221,6 +225,7 @@ impl Conn {
         Conn {
             inbuf: Vec::new(),
             scanned: 0,
+            park_before_reading: false,
             phase: Phase::Head {
                 deadline: header_deadline,
             },
@@ -282,15 +287,18 @@ impl Conn {
             Some(Err(error)) => return self.refuse(None, Error::Head(error), cx),
             None => {}
         }
-        let want = HEAD_READ.min(MAX_HEAD_BYTES + 1 - self.inbuf.len());
-        let start = self.inbuf.len();
-        self.inbuf.resize(start + want, 0);
-        let received = io.recv(&mut self.inbuf[start..]);
-        self.inbuf
-            .truncate(start + *received.as_ref().unwrap_or(&0));
-        match received {
+        if let (true, Phase::Idle { since }) = (self.park_before_reading, &self.phase) {
+            self.park_before_reading = false;
+            return Step::Wait(Wait::Read, Some(*since + cx.limits.idle_timeout));
+        }
+        // Into the worker's scratch first: the connection keeps only the bytes that came.
+        let want = HEAD_READ
+            .min(MAX_HEAD_BYTES + 1 - self.inbuf.len())
+            .min(cx.scratch.len());
+        match io.recv(&mut cx.scratch[..want]) {
             Ok(0) => Step::Close,
-            Ok(_) => {
+            Ok(n) => {
+                self.inbuf.extend_from_slice(&cx.scratch[..n]);
                 if let Phase::Idle { .. } = self.phase {
                     self.phase = Phase::Head {
                         deadline: cx.now + cx.limits.header_timeout,
@@ -769,6 +777,7 @@ impl Conn {
     }
 
     fn next_request<H: Handler>(&mut self, cx: &mut Context<'_, H>) {
+        self.park_before_reading = self.inbuf.is_empty();
         self.phase = if self.inbuf.is_empty() {
             Phase::Idle { since: cx.now }
         } else {

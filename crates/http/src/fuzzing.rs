@@ -160,16 +160,27 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
         };
         conn.run(io, &mut cx)
     };
+    // Runs until the connection closes or parks without having moved (as epoll would call it
+    // again at once when bytes are waiting).
+    let settle = |conn: &mut Conn, io: &mut MemoryIo, scratch: &mut [u8]| loop {
+        let before = (io.read, io.output.len());
+        match run(conn, io, scratch) {
+            Next::Close => return None,
+            next if before == (io.read, io.output.len()) => return Some(next),
+            _ => {}
+        }
+    };
     for piece in pieces {
         io.input.extend_from_slice(piece);
-        if run(&mut conn, &mut io, &mut scratch) == Next::Close {
+        if settle(&mut conn, &mut io, &mut scratch).is_none() {
             return (io.output, true);
         }
     }
     io.eof = true;
-    let closed = match run(&mut conn, &mut io, &mut scratch) {
-        Next::Close => true,
-        Next::Park { wait, .. } => wait != Wait::Read,
+    let closed = match settle(&mut conn, &mut io, &mut scratch) {
+        None => true,
+        Some(Next::Park { wait, .. }) => wait != Wait::Read,
+        Some(Next::Close) => true,
     };
     (io.output, closed)
 }
