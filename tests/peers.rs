@@ -9,23 +9,7 @@ use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{builder, read_reply, write_file, Daemon, TOKEN};
-
-/// `/health` on a fresh connection answers 204 within `limit`.
-fn assert_health_within(daemon: &Daemon, limit: Duration) {
-    let started = Instant::now();
-    let mut stream = daemon.connect();
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let reply = read_reply(&mut BufReader::new(stream), false).expect("/health answered");
-    assert_eq!(reply.status, 204);
-    assert!(
-        started.elapsed() < limit,
-        "/health took {:?}",
-        started.elapsed()
-    );
-}
+use common::{assert_health_within, builder, read_reply, write_file, TOKEN};
 
 /// True when the peer closed `stream` (end of stream or reset), false while it stays open.
 fn is_closed(stream: &mut TcpStream) -> bool {
@@ -291,4 +275,25 @@ fn http_1_1_needs_one_valid_host_and_absolute_targets_are_accepted() {
     std::thread::sleep(Duration::from_millis(100));
     let refused = daemon.log().iter().filter(|l| l.contains(" 400 ")).count();
     assert!(refused >= 4, "{:?}", daemon.log());
+}
+
+#[test]
+fn a_body_refused_early_on_a_closing_connection_is_read_away_not_reset() {
+    // An upload without the token, that asked to close, with 8 MiB (more than the socket
+    // buffers hold) still coming: the daemon answers 401 from the head, then keeps reading what
+    // the client sends, so the client's write completes and it reads the answer, not a reset.
+    let daemon = builder().start();
+    let body = vec![b'x'; 8 << 20];
+    let head = format!(
+        "POST /files?path=x HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stream = daemon.connect();
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+        .write_all(&body)
+        .expect("the whole body could be sent");
+    let reply = read_reply(&mut BufReader::new(stream), false).expect("the answer, not a reset");
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    assert_eq!(reply.header("connection"), Some("close"));
 }

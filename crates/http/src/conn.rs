@@ -473,9 +473,10 @@ impl Conn {
         }
         // Bytes that came with the head (or after the previous request) go first.
         if !self.inbuf.is_empty() {
-            let input = std::mem::take(&mut self.inbuf);
+            let mut input = std::mem::take(&mut self.inbuf);
             let (used, fed) = reading.feed(&input);
-            self.inbuf = input[used..].to_vec();
+            input.drain(..used);
+            self.inbuf = input;
             if let Err(outcome) = fed {
                 return self.body_outcome(outcome, cx);
             }
@@ -587,7 +588,11 @@ impl Conn {
     ) -> Step {
         let keep_alive = exchange.keep_alive && !response.close && !cx.stopping;
         let after = match after {
-            After::KeepAlive | After::Discard(_) if !keep_alive => After::Close,
+            After::KeepAlive if !keep_alive => After::Close,
+            // Closing with body bytes still to come would reset a peer that is still sending
+            // before it reads the answer: linger instead.
+            After::Discard(framing) if !keep_alive && !framing.is_done() => After::Linger,
+            After::Discard(_) if !keep_alive => After::Close,
             After::Discard(framing) if framing.is_done() => After::KeepAlive,
             After::Discard(framing) => After::Discard(framing),
             other => other,
