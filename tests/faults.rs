@@ -23,18 +23,7 @@ const MIB: usize = 1024 * 1024;
 /// The daemon answers `/health` 204 on a fresh connection, within 10 s (the fuzzer shares the
 /// machine, so the bound is generous; a daemon that stopped serving never answers).
 fn assert_serves(daemon: &Daemon) {
-    let started = Instant::now();
-    let mut stream = daemon.connect();
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let reply = read_reply(&mut BufReader::new(stream), false).expect("/health answered");
-    assert_eq!(reply.status, 204);
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "/health took {:?}",
-        started.elapsed()
-    );
+    common::assert_health_within(daemon, Duration::from_secs(10));
 }
 
 /// Reads what is left on `reader` and asserts the peer closed: end of stream or a reset.

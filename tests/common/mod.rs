@@ -306,6 +306,26 @@ pub fn read_reply(reader: &mut impl BufRead, head_only: bool) -> Option<Reply> {
 }
 
 /// Writes `contents` to `path`, creating parents.
+/// `/health` on a fresh connection answers 204 within `limit` (a daemon that stopped serving
+/// never answers: the read gives up after `limit` plus 5 s).
+pub fn assert_health_within(daemon: &Daemon, limit: Duration) {
+    let started = Instant::now();
+    let mut stream = daemon.connect();
+    stream
+        .set_read_timeout(Some(limit + Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let reply = read_reply(&mut BufReader::new(stream), false).expect("/health answered");
+    assert_eq!(reply.status, 204);
+    assert!(
+        started.elapsed() < limit,
+        "/health took {:?}",
+        started.elapsed()
+    );
+}
+
 pub fn write_file(path: &Path, contents: &[u8]) {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();

@@ -79,5 +79,5 @@ pub use error::{BodyError, Error, MIN_BODY_RATE};
 pub use framing::FramingError;
 pub use handler::{Action, BodySink, Collected, Handler, Record};
 pub use head::{Head, HeadError};
-pub use response::{reason, Response, ResponseBody};
+pub use response::{Response, ResponseBody};
 pub use server::{start, Config, Server};

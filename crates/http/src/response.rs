@@ -81,14 +81,6 @@ impl Response {
         self.headers.push((name, value.into()));
         self
     }
-
-    /// The value of the first header named `name` (ASCII case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
 }
 
 /// How a response's head is to be written.
@@ -158,7 +150,7 @@ fn has_body(status: u16) -> bool {
 }
 
 /// The reason phrase of a status code.
-pub fn reason(status: u16) -> &'static str {
+fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         101 => "Switching Protocols",

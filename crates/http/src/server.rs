@@ -280,8 +280,8 @@ impl<H: Handler> Shared<H> {
                 return;
             };
             let accepted = listener.accept();
-            let retry_now = !matches!(&accepted, Err(e) if !is_transient(e));
-            if retry_now {
+            // Re-armed at once unless accepting itself failed (then: below).
+            if accepted.as_ref().map_or_else(is_transient, |_| true) {
                 let _ = self.epoll.modify(listener.as_raw_fd(), LISTENER, WANT_IN);
             }
             accepted
