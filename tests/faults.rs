@@ -428,13 +428,13 @@ fn a_client_vanishing_mid_chunked_upload_keeps_the_old_file_and_the_worker() {
     .unwrap();
     stream.write_all(&pattern(3, 2 * MIB)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while temporaries(&home).is_empty() {
-        assert!(Instant::now() < deadline, "no temporary appeared");
+    while common::files_in_progress(&daemon, &home) == 0 {
+        assert!(Instant::now() < deadline, "no file being written appeared");
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !temporaries(&home).is_empty() {
+    while common::files_in_progress(&daemon, &home) != 0 {
         assert!(Instant::now() < deadline, "{:?} left", temporaries(&home));
         std::thread::sleep(Duration::from_millis(10));
     }

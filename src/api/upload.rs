@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
-use crate::fs::atomic::Staged;
+use crate::fs::atomic::{self, Finished, Staged};
 use crate::fs::dirs;
 use crate::fs::users::User;
 use crate::http::date;
@@ -217,7 +217,7 @@ fn multipart_upload(
     };
     let mut parser = Parser::new(boundary);
     debug_assert!(buf.len() >= parser.min_buffer());
-    let mut finished: Vec<Staged> = Vec::new();
+    let mut finished: Vec<Finished> = Vec::new();
     let mut current: Option<Staged> = None;
     let mut seen = HashSet::new();
     let (mut start, mut end) = (0, 0);
@@ -253,8 +253,7 @@ fn multipart_upload(
             }
             Event::PartEnd => {
                 if let Some(staged) = current.take() {
-                    staged.sync()?;
-                    finished.push(staged);
+                    finished.push(staged.finish()?);
                 }
             }
             Event::End => break,
@@ -282,8 +281,6 @@ fn multipart_upload(
         .iter()
         .map(|s| s.destination().to_path_buf())
         .collect();
-    for staged in finished {
-        staged.place()?;
-    }
+    atomic::place_all(finished)?;
     Ok(written)
 }

@@ -4,6 +4,8 @@
 //! `unsafe` block says why it is sound. Callers never see raw pointers.
 
 pub mod copy;
+pub mod env;
+pub mod file;
 pub mod net;
 pub mod process;
 pub mod statvfs;
