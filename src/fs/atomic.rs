@@ -49,6 +49,9 @@ pub struct Staged {
     name: OsString,
     /// The named temporary, or `None` for an unnamed (`O_TMPFILE`) file.
     temp: Option<TempPath>,
+    /// Something was at `destination` when this was created: naming goes straight to the link
+    /// to a temporary name and the rename, without first trying to link at `destination`.
+    replacing: bool,
 }
 
 impl Staged {
@@ -79,7 +82,8 @@ impl Staged {
             dir
         };
         dirs::create_parents(destination, uid, gid)?;
-        let mode = mode_to_keep(destination);
+        let existing = fs::symlink_metadata(destination).ok();
+        let mode = mode_to_keep(existing.as_ref());
         temp::sweep_once(dir);
         let fail = |err: io::Error| writing(&err, destination);
         let unnamed = if try_unnamed {
@@ -108,6 +112,7 @@ impl Staged {
             dir: dir.to_path_buf(),
             name: name.to_os_string(),
             temp,
+            replacing: existing.is_some(),
         })
     }
 
@@ -138,10 +143,12 @@ impl Staged {
             dir,
             name,
             temp,
+            replacing,
         } = self;
         let fail = |err: io::Error| writing(&err, &destination);
         let temp = match temp {
             Some(temp) => temp,
+            None if replacing => temp::link_named(&file, &dir, &name).map_err(fail)?,
             None => match sys::file::link_unnamed(&file, &destination) {
                 // The destination did not exist: created whole, in one step.
                 Ok(()) => return sync_dir(&dir),
@@ -173,6 +180,7 @@ impl Staged {
             dir,
             name,
             temp,
+            ..
         } = self;
         let temp = match temp {
             Some(temp) => temp,
@@ -260,11 +268,12 @@ fn unnamed_possible() -> bool {
     *POSSIBLE.get_or_init(sys::file::can_link_unnamed)
 }
 
-/// The mode for a file about to replace `destination`: the permission bits of the regular
-/// file there, else [`FILE_MODE`]. A symlink is not followed (the link itself is replaced).
-fn mode_to_keep(destination: &Path) -> u32 {
-    match fs::symlink_metadata(destination) {
-        Ok(meta) if meta.is_file() => meta.mode() & KEPT_BITS,
+/// The mode for a file about to replace what `lstat` found at its destination (`None`:
+/// nothing): the permission bits of a regular file there, else [`FILE_MODE`]. A symlink is not
+/// followed (the link itself is replaced).
+fn mode_to_keep(existing: Option<&fs::Metadata>) -> u32 {
+    match existing {
+        Some(meta) if meta.is_file() => meta.mode() & KEPT_BITS,
         _ => FILE_MODE,
     }
 }
