@@ -12,7 +12,7 @@ use crate::app::App;
 use crate::config::Config;
 use crate::http;
 use crate::routes::Router;
-use crate::sys::process;
+use crate::sys::{self, process};
 use crate::{log, notify};
 
 /// The `Server` header of every answer (SPEC §1).
@@ -116,13 +116,19 @@ pub fn run(config: Config) -> i32 {
 
 /// The token from `--access-token-file`, else `SANDBOXD_ACCESS_TOKEN`; surrounding whitespace
 /// (a trailing newline) is not part of it, and an empty token is refused.
+///
+/// Whichever source is used, a `SANDBOXD_ACCESS_TOKEN` in the environment is then overwritten
+/// where the kernel shows it (`/proc/<pid>/environ`, readable for the daemon's whole life) and
+/// removed from the environment, so the secret stays only in the daemon's own memory.
 fn load_token(config: &Config) -> Result<Option<String>, String> {
+    let from_env = std::env::var("SANDBOXD_ACCESS_TOKEN").ok();
+    scrub_env_token();
     let token = match &config.access_token_file {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read access token file '{}': {e}", path.display()))?,
-        None => match std::env::var("SANDBOXD_ACCESS_TOKEN") {
-            Ok(token) => token,
-            Err(_) => return Ok(None),
+        None => match from_env {
+            Some(token) => token,
+            None => return Ok(None),
         },
     };
     let token = token.trim();
@@ -130,4 +136,20 @@ fn load_token(config: &Config) -> Result<Option<String>, String> {
         return Err("the access token is empty".into());
     }
     Ok(Some(token.to_string()))
+}
+
+/// Overwrites and removes `SANDBOXD_ACCESS_TOKEN` from the environment; logs when it cannot.
+/// Runs before any thread is started (`sys::env` refuses otherwise).
+fn scrub_env_token() {
+    const NAME: &str = "SANDBOXD_ACCESS_TOKEN";
+    if std::env::var_os(NAME).is_none() {
+        return;
+    }
+    if let Err(e) = sys::env::scrub_value(NAME) {
+        log::line(format_args!(
+            "warning: {NAME} stays readable in /proc/{}/environ: {e}; use --access-token-file",
+            std::process::id()
+        ));
+    }
+    std::env::remove_var(NAME);
 }

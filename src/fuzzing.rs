@@ -98,7 +98,7 @@ pub fn range_and_conditions(data: &[u8]) {
     };
     let validators = conditional::Validators {
         etag: "\"1-2-3-4\"",
-        mtime: 1_700_000_000,
+        mtime: Some(1_700_000_000),
         now: 1_700_000_100,
     };
     let _ = conditional::evaluate(&conditions, &validators);

@@ -557,13 +557,24 @@ fn stale_temporaries_are_removed_by_the_next_compose_into_that_directory() {
         json!({"source_paths": ["a"], "destination": "out.bin"}),
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert!(!home.join(&stale).exists());
-    assert!(!home.join(&reused).exists());
+    // The sweep runs on the daemon's sweeper thread, once per directory: wait for it.
+    wait_until("the stale temporaries to go", || {
+        !home.join(&stale).exists() && !home.join(&reused).exists()
+    });
     assert!(
         home.join(&live).exists(),
         "a live process's temporary was removed"
     );
     assert!(home.join(&other_dir_stale).exists());
+}
+
+/// Polls `done` until it holds; fails after 10 s naming `what`.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn kill_rounds(rounds: usize) {
@@ -633,7 +644,9 @@ fn kill_rounds(rounds: usize) {
             ),
             None => panic!("round {round}: the destination vanished"),
         }
-        // The next compose into the directory removes whatever temporary the kill left.
+        // Nothing is named before it is complete, except between the link and the rename over
+        // the old destination; what a kill leaves there, the next daemon's sweeper removes once
+        // that daemon writes into the directory.
         let next = start();
         fs::write(dir.join("tiny"), b"t").unwrap();
         let reply = compose(
@@ -641,11 +654,9 @@ fn kill_rounds(rounds: usize) {
             json!({"source_paths": [dir.join("tiny")], "destination": dir.join("other")}),
         );
         assert_eq!(reply.status, 200, "{}", reply.text());
-        assert!(
-            temporaries(&dir).is_empty(),
-            "round {round}: {:?}",
-            temporaries(&dir)
-        );
+        wait_until(&format!("round {round}: no temporary"), || {
+            temporaries(&dir).is_empty()
+        });
     }
     eprintln!("{rounds} kills (compose takes {full:?}): {old} old, {complete} complete");
 }
@@ -767,4 +778,367 @@ fn on_xfs_with_reflink_four_256_mib_sources_compose_in_under_50_ms_sharing_exten
     eprintln!("{}", fiemap.lines().take(8).collect::<Vec<_>>().join("\n"));
     assert!(fiemap.contains("shared"), "no shared extent:\n{fiemap}");
     assert!(took < Duration::from_millis(50), "took {took:?}");
+}
+
+// ---- issue 13: acknowledged writes are never lost, modes kept, nothing left after a kill ----
+
+/// A command from `/usr/sbin` or `/sbin` as well as the `PATH`.
+fn tool(name: &str) -> Command {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut command = Command::new(name);
+    command.env("PATH", format!("{path}:/usr/sbin:/sbin"));
+    command
+}
+
+fn has_tool(name: &str) -> bool {
+    tool("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// An ext4 filesystem on a loop device (its image on a tmpfs of its own), mounted at `mnt`, that
+/// can be frozen with `fsfreeze`: every write to it, a link or a rename included, then waits
+/// until it is thawed. Thawed and unmounted when dropped, even when the test fails.
+struct Freezable {
+    mnt: PathBuf,
+    _image_fs: Mount,
+}
+
+impl Freezable {
+    /// `None` (and a message) where it cannot be made: not root, or no `mkfs.ext4`/`fsfreeze`.
+    fn new(at: &Path) -> Option<Freezable> {
+        if !is_root() {
+            eprintln!("skipped: loop mounts and fsfreeze need root");
+            return None;
+        }
+        for name in ["mkfs.ext4", "fsfreeze"] {
+            if !has_tool(name) {
+                eprintln!("skipped: no {name}");
+                return None;
+            }
+        }
+        let image_fs = Mount::tmpfs(&at.join("image"), "300m");
+        let image = at.join("image/fs.img");
+        fs::File::create(&image)
+            .unwrap()
+            .set_len(256 * MIB as u64)
+            .unwrap();
+        let made = tool("mkfs.ext4").args(["-q", "-F"]).arg(&image).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfs.ext4");
+        let mnt = at.join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        let mounted = tool("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mnt)
+            .status();
+        assert!(mounted.is_ok_and(|s| s.success()), "mount -o loop");
+        Some(Freezable {
+            mnt,
+            _image_fs: image_fs,
+        })
+    }
+
+    fn freeze(&self) {
+        let frozen = tool("fsfreeze").arg("-f").arg(&self.mnt).status();
+        assert!(frozen.is_ok_and(|s| s.success()), "fsfreeze -f");
+    }
+
+    fn thaw(&self) {
+        let _ = tool("fsfreeze")
+            .arg("-u")
+            .arg(&self.mnt)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Freezable {
+    fn drop(&mut self) {
+        self.thaw();
+        let ok = tool("umount")
+            .arg(&self.mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = tool("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Whether process `pid` has `path` open.
+fn holds_open(pid: i32, path: &Path) -> bool {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .any(|entry| fs::read_link(entry.path()).is_ok_and(|target| target == path))
+        })
+        .unwrap_or(false)
+}
+
+/// Size of `big.part`: large enough that copying it takes a while, sparse so that making it
+/// costs nothing.
+const BIG: usize = 96 * MIB;
+
+/// What a compose raced with a change of its sources left.
+struct Race {
+    daemon: Daemon,
+    reply: Reply,
+    old_a: Vec<u8>,
+    dest: PathBuf,
+    _fs: Freezable,
+}
+
+/// Composes `a.part` (4 KiB) then `big.part` (`BIG`, sparse, marked at both ends) from the
+/// home into `out.bin` on a [`Freezable`] filesystem, and runs `during` while the compose is
+/// certainly under way: once the daemon holds `big.part` open (so it has read or is reading the
+/// sources), the destination's filesystem is frozen, so the compose cannot put its file in
+/// place, nor get to deleting sources, until `during` has returned and it is thawed. Without
+/// any timing: the freeze holds the compose for as long as `during` takes.
+fn race_a_compose(during: impl FnOnce(&Daemon, &Path)) -> Option<Race> {
+    let daemon = start();
+    let home = daemon.home();
+    let fs = Freezable::new(&daemon.dir.path().join("frozen"))?;
+    let old_a = pattern(3, 4096);
+    common::write_file(&home.join("a.part"), &old_a);
+    let big = fs::File::create(home.join("big.part")).unwrap();
+    big.set_len(BIG as u64).unwrap();
+    big.write_all_at(b"big-start", 0).unwrap();
+    big.write_all_at(b"big-end", (BIG - 7) as u64).unwrap();
+    let dest = fs.mnt.join("out.bin");
+    let body = json!({"source_paths": ["a.part", "big.part"], "destination": dest}).to_string();
+    let mut stream = daemon.connect();
+    write!(
+        stream,
+        "POST /files/compose HTTP/1.1\r\nHost: t\r\nX-Access-Token: {}\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        common::TOKEN,
+        body.len()
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(common::read_reply(
+            &mut std::io::BufReader::new(stream),
+            false,
+        ));
+    });
+    let big_part = home.join("big.part");
+    wait_until("the daemon to open big.part", || {
+        holds_open(daemon.pid(), &big_part)
+    });
+    fs.freeze();
+    during(&daemon, &home);
+    assert!(
+        rx.try_recv().is_err(),
+        "the compose answered while its destination was frozen"
+    );
+    fs.thaw();
+    let reply = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the compose answered")
+        .expect("a response");
+    Some(Race {
+        daemon,
+        reply,
+        old_a,
+        dest,
+        _fs: fs,
+    })
+}
+
+/// The bytes `out.bin` must hold: the old `a.part`, then `big.part` as it was when read.
+fn expected_output(old_a: &[u8]) -> Vec<u8> {
+    let mut big = vec![0u8; BIG];
+    big[..9].copy_from_slice(b"big-start");
+    big[BIG - 7..].copy_from_slice(b"big-end");
+    [old_a, &big].concat()
+}
+
+#[test]
+fn a_source_replaced_by_an_upload_during_the_compose_is_kept() {
+    let Some(race) = race_a_compose(|daemon, home| {
+        // A new a.part, uploaded and answered 200 while the compose runs.
+        let reply = daemon.call_with(
+            "POST",
+            "/files?path=a.part&username=user",
+            &[("X-Access-Token", common::TOKEN)],
+            b"the new a.part, acknowledged",
+        );
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(
+            fs::read(home.join("a.part")).unwrap(),
+            b"the new a.part, acknowledged"
+        );
+    }) else {
+        return;
+    };
+    let home = race.daemon.home();
+    assert_eq!(race.reply.status, 200, "{}", race.reply.text());
+    assert!(
+        fs::read(&race.dest).unwrap() == expected_output(&race.old_a),
+        "the output is not the old a.part then big.part"
+    );
+    let a_part = fs::read(home.join("a.part")).expect("the acknowledged upload was deleted");
+    assert_eq!(a_part, b"the new a.part, acknowledged");
+    assert!(
+        !home.join("big.part").exists(),
+        "an unchanged source was kept"
+    );
+    let a_path = home.join("a.part").display().to_string();
+    wait_until("the log line", || {
+        race.daemon.log().iter().any(|line| {
+            line.contains(&format!(
+                "source '{a_path}': kept it: the path names another file"
+            ))
+        })
+    });
+}
+
+#[test]
+fn bytes_appended_to_a_source_during_the_compose_are_kept() {
+    let Some(race) = race_a_compose(|_, home| {
+        let mut big = fs::OpenOptions::new()
+            .append(true)
+            .open(home.join("big.part"))
+            .unwrap();
+        big.write_all(b"+appended meanwhile").unwrap();
+    }) else {
+        return;
+    };
+    let home = race.daemon.home();
+    assert_eq!(race.reply.status, 200, "{}", race.reply.text());
+    assert!(
+        fs::read(&race.dest).unwrap() == expected_output(&race.old_a),
+        "the output is not a.part then big.part as it was when read"
+    );
+    let big = fs::read(home.join("big.part")).expect("the appended source was deleted");
+    assert_eq!(big.len(), BIG + 19);
+    assert!(big.ends_with(b"big-end+appended meanwhile"));
+    assert!(
+        !home.join("a.part").exists(),
+        "an unchanged source was kept"
+    );
+    let big_part = home.join("big.part").display().to_string();
+    wait_until("the log line", || {
+        race.daemon
+            .log()
+            .iter()
+            .any(|line| line.contains(&format!("source '{big_part}': kept it: it changed")))
+    });
+}
+
+#[test]
+fn composing_over_a_file_keeps_its_permission_bits() {
+    let daemon = start();
+    let home = daemon.home();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    common::write_file(&home.join("secret.bin"), b"old");
+    fs::set_permissions(
+        home.join("secret.bin"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    common::write_file(&home.join("a"), b"A");
+    common::write_file(&home.join("b"), b"B");
+    let reply = compose(
+        &daemon,
+        json!({"source_paths": ["a"], "destination": "secret.bin"}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(fs::read(home.join("secret.bin")).unwrap(), b"A");
+    assert_eq!(mode(&home.join("secret.bin")), 0o600);
+    let reply = compose(
+        &daemon,
+        json!({"source_paths": ["b"], "destination": "fresh.bin"}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(mode(&home.join("fresh.bin")), 0o644);
+    if is_root() {
+        let meta = fs::metadata(home.join("secret.bin")).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (common::USER_UID, common::USER_GID)
+        );
+    }
+}
+
+#[test]
+fn killed_at_random_instants_a_compose_into_a_new_file_leaves_nothing_behind() {
+    let workspace = tempfile::tempdir().unwrap();
+    let dir = workspace.path().join("k");
+    // On a tmpfs of its own when possible, to spare the disk the other tests share.
+    let _mount = if is_root() {
+        Some(Mount::tmpfs(&dir, "96m"))
+    } else {
+        fs::create_dir(&dir).unwrap();
+        None
+    };
+    let parts: Vec<Vec<u8>> = (0..4u8)
+        .map(|i| pattern(i * 50 + 7, 8 * MIB + 513))
+        .collect();
+    let whole: Vec<u8> = parts.concat();
+    let names: Vec<PathBuf> = (0..4).map(|i| dir.join(format!("part{i}"))).collect();
+    let dest = dir.join("out.bin");
+    let body = json!({"source_paths": names, "destination": dest}).to_string();
+    let request = format!(
+        "POST /files/compose HTTP/1.1\r\nHost: t\r\nX-Access-Token: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        common::TOKEN,
+        body.len()
+    );
+    let reset = || {
+        let _ = fs::remove_file(&dest);
+        for (name, data) in names.iter().zip(&parts) {
+            fs::write(name, data).unwrap();
+        }
+    };
+    reset();
+    let daemon = start();
+    let started = Instant::now();
+    let reply = daemon.call("POST", "/files/compose", body.as_bytes());
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let full = started.elapsed();
+    drop(daemon);
+    let mut rng = common::Rng::from_env("COMPOSE_KILL_SEED");
+    let (mut none, mut complete) = (0, 0);
+    for round in 0..8 {
+        reset();
+        let mut daemon = start();
+        let mut stream = daemon.connect();
+        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        stream.write_all(request.as_bytes()).unwrap();
+        std::thread::sleep(delay);
+        daemon.signal("KILL");
+        assert!(daemon.wait(Duration::from_secs(5)).is_some());
+        // Right after the kill, before any other daemon runs: only sources and the whole
+        // destination may be there, nothing else, not even a temporary.
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path == dest {
+                assert!(
+                    fs::read(&dest).unwrap() == whole,
+                    "round {round} after {delay:?}: a partial destination"
+                );
+            } else {
+                let index = names
+                    .iter()
+                    .position(|name| *name == path)
+                    .unwrap_or_else(|| panic!("round {round} after {delay:?}: {path:?} left"));
+                assert!(
+                    fs::read(&path).unwrap() == parts[index],
+                    "round {round}: source changed"
+                );
+            }
+        }
+        if dest.exists() {
+            complete += 1;
+        } else {
+            none += 1;
+            assert!(names.iter().all(|name| name.exists()), "round {round}");
+        }
+    }
+    eprintln!("8 kills (compose takes {full:?}): {none} before, {complete} after the rename");
 }

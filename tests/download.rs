@@ -855,3 +855,157 @@ fn curl_saves_under_the_content_disposition_name() {
         );
     }
 }
+
+// ---- honest dates (issue 13) ----
+
+/// Sets `path`'s modification time to `time`; false when the filesystem cannot hold it (the
+/// time read back differs).
+fn try_set_modified(path: &Path, time: SystemTime) -> bool {
+    let file = File::options().write(true).open(path).unwrap();
+    file.set_modified(time).is_ok() && file.metadata().unwrap().modified().unwrap() == time
+}
+
+/// The Unix seconds of an IMF-fixdate header, which must be exactly one (29 characters, a
+/// four-digit year).
+fn imf_date(reply: &Reply, name: &str) -> i64 {
+    let value = reply.header(name).unwrap_or_else(|| panic!("no {name}"));
+    assert_eq!(value.len(), 29, "{name}: {value:?} is not an IMF-fixdate");
+    sandboxd::http::date::parse(value).unwrap_or_else(|| panic!("{name}: {value:?}"))
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[test]
+fn a_future_modification_time_is_sent_as_the_time_of_the_answer() {
+    let daemon = start();
+    let path = daemon.home().join("future.txt");
+    write_file(&path, b"first version");
+    // 2100-01-01: a clock set wrong when the file was written.
+    set_mtime(&path, 4_102_444_800);
+    let before = now_secs();
+    let reply = fetch(&daemon, "GET", &files("future.txt"), &[]);
+    assert_eq!(reply.status, 200);
+    let shown = imf_date(&reply, "last-modified");
+    assert!(
+        shown >= before && shown <= imf_date(&reply, "date"),
+        "Last-Modified {:?} is not the time of the answer {:?}",
+        reply.header("last-modified"),
+        reply.header("date")
+    );
+    let last_modified = reply.header("last-modified").unwrap().to_string();
+    // Later the file really changes (its clock corrected): the client's If-Modified-Since must
+    // not get a stale 304.
+    while now_secs() <= shown {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    write_file(&path, b"second version");
+    File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(SystemTime::now())
+        .unwrap();
+    let reply = fetch(
+        &daemon,
+        "GET",
+        &files("future.txt"),
+        &[("If-Modified-Since", &last_modified)],
+    );
+    assert_eq!(reply.status, 200, "a stale 304 for a changed file");
+    assert_eq!(reply.body, b"second version");
+    // HEAD and 304 show the same clamped date.
+    set_mtime(&path, 4_102_444_800);
+    let head = fetch(&daemon, "HEAD", &files("future.txt"), &[]);
+    assert!(imf_date(&head, "last-modified") <= imf_date(&head, "date"));
+}
+
+#[test]
+fn dates_past_9999_or_before_year_0_are_never_sent_malformed() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs (which holds such dates) needs root");
+        return;
+    }
+    let daemon = start();
+    let dir = daemon.home().join("t");
+    let _mount = Mount::tmpfs(&dir, "1m");
+    let path = dir.join("odd.txt");
+    std::fs::write(&path, b"odd").unwrap();
+    // Year 10000 and later: clamped to the time of the answer like any future date.
+    let far = UNIX_EPOCH + Duration::from_secs(253_402_300_800 + 86_400 * 400);
+    if try_set_modified(&path, far) {
+        let reply = fetch(&daemon, "GET", &files("t/odd.txt"), &[]);
+        assert_eq!(reply.status, 200);
+        assert!(imf_date(&reply, "last-modified") <= imf_date(&reply, "date"));
+    } else {
+        eprintln!("this tmpfs cannot hold year 10001: that case is not checked");
+    }
+    // Before year 0 there is no date to show: no Last-Modified, and If-Modified-Since (which
+    // needs one, RFC 9110 §13.1.3) is ignored.
+    let ancient = UNIX_EPOCH - Duration::from_secs(63_000_000_000);
+    if try_set_modified(&path, ancient) {
+        let reply = fetch(
+            &daemon,
+            "GET",
+            &files("t/odd.txt"),
+            &[("If-Modified-Since", "Fri, 31 Dec 9999 23:59:59 GMT")],
+        );
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("last-modified"), None);
+        assert_eq!(reply.body, b"odd");
+        assert!(reply.header("etag").is_some());
+    } else {
+        eprintln!("this tmpfs cannot hold a year before 0: that case is not checked");
+    }
+}
+
+// ---- the token in the environment (issue 13) ----
+
+fn environ_of(pid: i32) -> Vec<u8> {
+    std::fs::read(format!("/proc/{pid}/environ")).unwrap()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn the_access_token_from_the_environment_is_not_left_in_proc_environ() {
+    const SECRET: &str = "env-secret-7f3a9c1e5b";
+    let daemon = builder()
+        .no_token()
+        .env("SANDBOXD_ACCESS_TOKEN", SECRET)
+        .env("SANDBOXD_TEST_NEIGHBOUR", "still-here")
+        .start();
+    write_file(&daemon.home().join("a.txt"), b"guarded");
+    // The token was read: it guards the files.
+    let reply = send(
+        &daemon,
+        "GET",
+        &files("a.txt"),
+        &[("X-Access-Token", SECRET)],
+    );
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, b"guarded");
+    assert_eq!(send(&daemon, "GET", &files("a.txt"), &[]).status, 401);
+    // ... and it is gone from what /proc shows of the environment; the rest is intact.
+    let environ = environ_of(daemon.pid());
+    assert!(
+        !contains(&environ, SECRET.as_bytes()),
+        "the token is in /proc/<pid>/environ"
+    );
+    assert!(contains(&environ, b"SANDBOXD_TEST_NEIGHBOUR=still-here"));
+    let envs = send(&daemon, "GET", "/envs", &[("X-Access-Token", SECRET)]);
+    assert_eq!(envs.status, 200);
+    assert!(!envs.text().contains(SECRET));
+
+    // With --access-token-file the file wins, and a token also in the environment is scrubbed.
+    const OTHER: &str = "ignored-env-secret-99";
+    let daemon = builder().env("SANDBOXD_ACCESS_TOKEN", OTHER).start();
+    assert_eq!(daemon.get("/envs").status, 200);
+    assert!(!contains(&environ_of(daemon.pid()), OTHER.as_bytes()));
+}

@@ -645,9 +645,13 @@ fn a_client_that_disconnects_mid_upload_leaves_nothing_behind() {
     )
     .unwrap();
     stream.write_all(&data).unwrap();
-    wait_for("the temporary", || !temporaries(&home).is_empty());
+    wait_for("the file being written", || {
+        common::files_in_progress(&daemon, &home) == 1
+    });
     drop(stream);
-    wait_for("the temporary to go", || temporaries(&home).is_empty());
+    wait_for("the file to go", || {
+        common::files_in_progress(&daemon, &home) == 0
+    });
     assert_eq!(fs::read(home.join("keep.bin")).unwrap(), b"previous");
 
     // Multipart: one part complete, the next cut short.
@@ -668,9 +672,14 @@ fn a_client_that_disconnects_mid_upload_leaves_nothing_behind() {
     let cut = body.len() - MIB;
     stream.write_all(format!("{cut:x}\r\n").as_bytes()).unwrap();
     stream.write_all(&body[..cut]).unwrap();
-    wait_for("two temporaries", || temporaries(&home).len() == 2);
+    // The first part finished (a temporary name, no descriptor), the second being written.
+    wait_for("two files", || {
+        common::files_in_progress(&daemon, &home) == 2
+    });
     drop(stream);
-    wait_for("the temporaries to go", || temporaries(&home).is_empty());
+    wait_for("the files to go", || {
+        common::files_in_progress(&daemon, &home) == 0
+    });
     assert!(!home.join("first.bin").exists());
     assert!(!home.join("second.bin").exists());
 }
@@ -733,4 +742,212 @@ fn a_large_body_is_streamed_not_held_in_memory() {
             assert!(buf == block, "{name}: MiB {at} differs");
         }
     }
+}
+
+// ---- issue 13: modes kept, constant descriptors, nothing left after a kill ----
+
+#[test]
+fn uploading_over_a_file_keeps_its_permission_bits() {
+    use std::os::unix::fs::PermissionsExt;
+    let daemon = start();
+    let home = daemon.home();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    // Set-user-ID and set-group-ID are not carried over to new contents.
+    for (name, before, after) in [
+        ("secret.txt", 0o600, 0o600),
+        ("tool.sh", 0o755, 0o755),
+        ("shared", 0o664, 0o664),
+        ("setuid", 0o4755, 0o755),
+        ("setgid", 0o2750, 0o750),
+    ] {
+        common::write_file(&home.join(name), b"old");
+        fs::set_permissions(home.join(name), fs::Permissions::from_mode(before)).unwrap();
+        assert_eq!(upload(&daemon, name, b"new").status, 200, "{name}");
+        assert_eq!(fs::read(home.join(name)).unwrap(), b"new");
+        assert_eq!(mode(&home.join(name)), after, "{name}");
+    }
+    common::write_file(&home.join("mp-secret"), b"old");
+    fs::set_permissions(home.join("mp-secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    let body = multipart(
+        "keep-mode",
+        &[
+            ("file", Some("mp-secret"), b"new secret"),
+            ("file", Some("mp-new"), b"new file"),
+        ],
+    );
+    let reply = post_multipart(&daemon, "", "keep-mode", &body);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(fs::read(home.join("mp-secret")).unwrap(), b"new secret");
+    assert_eq!(mode(&home.join("mp-secret")), 0o600);
+    assert_eq!(mode(&home.join("mp-new")), 0o644);
+    assert_eq!(upload(&daemon, "raw-new", b"n").status, 200);
+    assert_eq!(mode(&home.join("raw-new")), 0o644);
+    if is_root() {
+        let meta = fs::metadata(home.join("secret.txt")).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (common::USER_UID, common::USER_GID)
+        );
+    }
+}
+
+#[test]
+fn eight_thousand_parts_under_a_descriptor_limit_of_64() {
+    const PARTS: usize = 8_000;
+    let daemon = common::builder()
+        .arg("--default-user")
+        .arg("user")
+        .wrap_with_shell("ulimit -n 64 && exec")
+        .start();
+    // On a tmpfs when possible: the test is about descriptors, not about this disk's speed.
+    let (home, _mount) = if is_root() {
+        let at = daemon.dir.path().join("t");
+        let mount = Mount::tmpfs(&at, "64m");
+        (at, Some(mount))
+    } else {
+        (daemon.home(), None)
+    };
+    let limits = fs::read_to_string(format!("/proc/{}/limits", daemon.pid())).unwrap();
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_string();
+    assert!(nofile.split_whitespace().nth(3) == Some("64"), "{nofile}");
+    let names: Vec<String> = (0..PARTS)
+        .map(|i| format!("{}/mp/p{i:04}", home.display()))
+        .collect();
+    let contents: Vec<Vec<u8>> = (0..PARTS)
+        .map(|i| format!("part {i}\r\n--not a boundary").into_bytes())
+        .collect();
+    let parts: Vec<(&str, Option<&str>, &[u8])> = names
+        .iter()
+        .zip(&contents)
+        .map(|(name, data)| ("file", Some(name.as_str()), data.as_slice()))
+        .collect();
+    let body = multipart("many-parts-boundary", &parts);
+    let reply = post_multipart(&daemon, "", "many-parts-boundary", &body);
+    let written = records(&reply);
+    assert_eq!(written.as_array().map(Vec::len), Some(PARTS));
+    assert_eq!(written[PARTS - 1], record(&home.join(&names[PARTS - 1])));
+    for (name, data) in names.iter().zip(&contents) {
+        assert!(fs::read(home.join(name)).unwrap() == *data, "{name}");
+    }
+    assert_eq!(fs::read_dir(home.join("mp")).unwrap().count(), PARTS);
+    assert!(temporaries(&home.join("mp")).is_empty());
+    assert_eq!(daemon.get("/health").status, 204);
+}
+
+#[test]
+fn killed_at_random_instants_an_upload_to_a_new_file_leaves_nothing_behind() {
+    let workspace = tempfile::tempdir().unwrap();
+    let dir = workspace.path().join("k");
+    // On a tmpfs of its own when possible, to spare the disk the other tests share.
+    let _mount = if is_root() {
+        Some(Mount::tmpfs(&dir, "96m"))
+    } else {
+        fs::create_dir(&dir).unwrap();
+        None
+    };
+    let dest = dir.join("out.bin");
+    let data = pattern(21, 24 * MIB);
+    let mut request = format!(
+        "POST /files?path={} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\n\
+         Content-Length: {}\r\n\r\n",
+        enc(&dest.to_string_lossy()),
+        data.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&data);
+    let request = std::sync::Arc::new(request);
+    // Calibrate: how long one whole upload takes here.
+    let daemon = start();
+    let started = Instant::now();
+    assert_eq!(upload(&daemon, &dest.to_string_lossy(), &data).status, 200);
+    let full = started.elapsed();
+    drop(daemon);
+    let mut rng = common::Rng::from_env("UPLOAD_KILL_SEED");
+    let (mut none, mut complete) = (0, 0);
+    for round in 0..8 {
+        let _ = fs::remove_file(&dest);
+        let mut daemon = start();
+        let mut stream = daemon.connect();
+        let request = std::sync::Arc::clone(&request);
+        let writer = std::thread::spawn(move || {
+            let _ = stream.write_all(&request);
+        });
+        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        std::thread::sleep(delay);
+        daemon.signal("KILL");
+        assert!(daemon.wait(Duration::from_secs(5)).is_some());
+        let _ = writer.join();
+        // Right after the kill: the whole file or nothing at all, not even a temporary.
+        let left: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        match left.as_slice() {
+            [] => none += 1,
+            [name] if *name == *"out.bin" => {
+                assert!(
+                    fs::read(&dest).unwrap() == data,
+                    "round {round} after {delay:?}: a partial file"
+                );
+                complete += 1;
+            }
+            other => panic!("round {round} after {delay:?}: left {other:?}"),
+        }
+    }
+    eprintln!("8 kills (upload takes {full:?}): {none} nothing, {complete} whole");
+}
+
+#[test]
+fn a_killed_multipart_upload_leaves_only_names_the_next_daemon_sweeps() {
+    let workspace = tempfile::tempdir().unwrap();
+    let dir = workspace.path().join("m");
+    fs::create_dir(&dir).unwrap();
+    let data = pattern(17, 2 * MIB);
+    let first = dir.join("first.bin").to_string_lossy().into_owned();
+    let second = dir.join("second.bin").to_string_lossy().into_owned();
+    let body = multipart(
+        "kill-boundary",
+        &[
+            ("file", Some(first.as_str()), &data),
+            ("file", Some(second.as_str()), &data),
+        ],
+    );
+    let mut daemon = start();
+    let mut stream = daemon.connect();
+    write!(
+        stream,
+        "POST /files HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\n\
+         Content-Type: multipart/form-data; boundary=kill-boundary\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    stream.write_all(&body[..body.len() - MIB]).unwrap();
+    // The first part is finished (under a temporary name, its descriptor closed), the second
+    // is being written (unnamed).
+    wait_for("two files", || {
+        common::files_in_progress(&daemon, &dir) == 2
+    });
+    assert_eq!(temporaries(&dir).len(), 1);
+    daemon.signal("KILL");
+    assert!(daemon.wait(Duration::from_secs(5)).is_some());
+    drop(stream);
+    // The killed process left the finished part's temporary name, and nothing else.
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+    assert_eq!(temporaries(&dir).len(), 1);
+    // The next daemon to write into the directory sweeps it, off the request's path.
+    let next = start();
+    let other = dir.join("other.txt").to_string_lossy().into_owned();
+    assert_eq!(upload(&next, &other, b"o").status, 200);
+    wait_for("the sweep", || temporaries(&dir).is_empty());
+    let left: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("other.txt")]);
 }

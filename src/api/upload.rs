@@ -35,7 +35,7 @@ use std::sync::Arc;
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
-use crate::fs::atomic::Staged;
+use crate::fs::atomic::{self, Finished, Staged};
 use crate::fs::dirs;
 use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
@@ -183,7 +183,7 @@ struct MultipartUpload {
     query_path: Option<String>,
     resolver: Resolver,
     current: Option<Staged>,
-    finished: Vec<Staged>,
+    finished: Vec<Finished>,
     seen: HashSet<PathBuf>,
     /// The closing boundary was seen; what follows (an epilogue) is ignored.
     ended: bool,
@@ -229,8 +229,7 @@ impl MultipartUpload {
                 }
                 Event::PartEnd => {
                     if let Some(staged) = self.current.take() {
-                        staged.sync()?;
-                        self.finished.push(staged);
+                        self.finished.push(staged.finish()?);
                     }
                 }
                 Event::End => {
@@ -286,9 +285,7 @@ impl MultipartUpload {
             .iter()
             .map(|s| s.destination().to_path_buf())
             .collect();
-        for staged in self.finished.drain(..) {
-            staged.place()?;
-        }
+        atomic::place_all(std::mem::take(&mut self.finished))?;
         Ok(written(&paths))
     }
 }

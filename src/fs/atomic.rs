@@ -1,58 +1,124 @@
 //! Atomic placement of a new file: the write that compose and upload share.
 //!
-//! A [`Staged`] file is a temporary beside its destination (`fs::temp` names it), mode exactly
-//! 0644 and owned by the user before any byte is written. [`Staged::commit`] makes it durable
-//! (`fsync`), renames it over the destination and syncs the directory, so a reader sees either
-//! the old file or the whole new one, never a part. Dropped uncommitted, it is removed.
+//! A [`Staged`] file is written where no reader sees it: an unnamed `O_TMPFILE` file in the
+//! destination's directory, or, where the filesystem has no `O_TMPFILE` (or there is no `/proc`
+//! to name one through), a named temporary (`fs::temp`). Before any byte is written it has its
+//! owner (the user) and its mode: the permission bits (`0777` part) of the regular file it is
+//! about to replace, else exactly 0644 whatever the umask (SPEC §4, §8). Set-user-ID, set-group-ID
+//! and sticky bits are never carried over to new contents.
+//!
+//! [`Staged::commit`] makes the data durable (`fsync`), names it, and syncs the directory, so a
+//! reader sees either the old file or the whole new one. Naming: a destination that does not
+//! exist is created by `linkat` in one step; an existing one is replaced by linking the file to a
+//! temporary name and renaming that over it (no system call links over a name). Dropped
+//! uncommitted, nothing remains: the kernel frees an unnamed file when its descriptor closes,
+//! and a named temporary is removed. A process killed at any instant leaves nothing either,
+//! except between that link and that rename (two system calls), or with a named temporary on a
+//! filesystem without `O_TMPFILE`; those names are `fs::temp`'s, and its sweeper removes them
+//! after a restart. No write reads its directory.
+//!
+//! [`Staged::finish`] is for a caller that holds many files before placing any (multipart): it
+//! gives the file a temporary name and closes it, so that any number of [`Finished`] files cost
+//! no descriptor; [`place_all`] then syncs them all, renames them, and syncs each directory once.
 //! This module does not decide where the bytes come from.
 
-use std::fs::{self, File};
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::error::ApiError;
 use crate::fs::dirs;
-use crate::fs::temp::{self, TempFile};
+use crate::fs::temp::{self, TempPath};
+use crate::sys;
 
-/// The mode of every file sandboxd writes (SPEC §4).
+/// The mode of every new file sandboxd writes (SPEC §4).
 pub const FILE_MODE: u32 = 0o644;
 
-/// A temporary that will become `destination`.
+/// The bits of a replaced file's mode that its replacement keeps.
+pub const KEPT_BITS: u32 = 0o777;
+
+/// A file being written that will become `destination`.
 pub struct Staged {
-    temp: TempFile,
+    file: File,
     destination: PathBuf,
+    dir: PathBuf,
+    name: OsString,
+    /// The named temporary, or `None` for an unnamed (`O_TMPFILE`) file.
+    temp: Option<TempPath>,
+    /// Something was at `destination` when this was created: naming goes straight to the link
+    /// to a temporary name and the rename, without first trying to link at `destination`.
+    replacing: bool,
 }
 
 impl Staged {
-    /// Creates the missing parents of `destination` (SPEC §4), removes stale temporaries in its
-    /// directory, and creates the temporary, owned by uid:gid. A destination without a file
-    /// name (`/`) is a directory: 400.
+    /// Creates the missing parents of `destination` (SPEC §4) and the file to write, owned by
+    /// uid:gid, with the permission bits of the regular file now at `destination` (not
+    /// following a symlink there, which is replaced) or 0644. A destination without a file
+    /// name (`/`) is a directory: 400. Hands the directory to the sweeper (`fs::temp`).
     pub fn create(destination: &Path, uid: u32, gid: u32) -> Result<Staged, ApiError> {
+        Staged::create_as(destination, uid, gid, unnamed_possible())
+    }
+
+    /// [`create`](Self::create), trying `O_TMPFILE` only when `try_unnamed`.
+    fn create_as(
+        destination: &Path,
+        uid: u32,
+        gid: u32,
+        try_unnamed: bool,
+    ) -> Result<Staged, ApiError> {
         let (Some(dir), Some(name)) = (destination.parent(), destination.file_name()) else {
             return Err(ApiError::bad_request(format!(
                 "destination is a directory: {}",
                 destination.display()
             )));
         };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
         dirs::create_parents(destination, uid, gid)?;
-        temp::remove_stale(dir);
+        let existing = fs::symlink_metadata(destination).ok();
+        let mode = mode_to_keep(existing.as_ref());
+        temp::sweep_once(dir);
         let fail = |err: io::Error| writing(&err, destination);
-        let temp = TempFile::create(dir, name).map_err(fail)?;
-        // Exactly 0644 whatever the umask, and the user's, before any byte is written.
-        temp.file
-            .set_permissions(fs::Permissions::from_mode(FILE_MODE))
+        let unnamed = if try_unnamed {
+            match sys::file::open_unnamed(dir, mode) {
+                Ok(file) => Some(file),
+                Err(err) if sys::file::unnamed_unsupported(&err) => None,
+                Err(err) => return Err(fail(err)),
+            }
+        } else {
+            None
+        };
+        let (file, temp) = match unnamed {
+            Some(file) => (file, None),
+            None => {
+                let (file, temp) = temp::create_named(dir, name).map_err(fail)?;
+                (file, Some(temp))
+            }
+        };
+        // Exactly that mode whatever the umask, and the user's, before any byte is written.
+        file.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(fail)?;
-        std::os::unix::fs::fchown(&temp.file, Some(uid), Some(gid)).map_err(fail)?;
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(fail)?;
         Ok(Staged {
-            temp,
+            file,
             destination: destination.to_path_buf(),
+            dir: dir.to_path_buf(),
+            name: name.to_os_string(),
+            temp,
+            replacing: existing.is_some(),
         })
     }
 
-    /// The open temporary, to write into.
+    /// The open file, to write into.
     pub fn file(&self) -> &File {
-        &self.temp.file
+        &self.file
     }
 
     pub fn destination(&self) -> &Path {
@@ -64,27 +130,151 @@ impl Staged {
         writing(err, &self.destination)
     }
 
-    /// Makes the data durable; the first half of [`commit`](Self::commit), for callers that
-    /// sync several files before renaming any.
+    /// Makes the data durable; the first half of [`commit`](Self::commit).
     pub fn sync(&self) -> Result<(), ApiError> {
-        self.temp.file.sync_all().map_err(|err| self.error(&err))
+        self.file.sync_all().map_err(|err| self.error(&err))
     }
 
-    /// Renames it over the destination and syncs the directory; call [`sync`](Self::sync) first.
+    /// Puts it at the destination and syncs the directory; call [`sync`](Self::sync) first.
     pub fn place(self) -> Result<(), ApiError> {
-        let Staged { temp, destination } = self;
-        temp.rename_to(&destination)
-            .map_err(|err| writing(&err, &destination))?;
-        if let Some(dir) = destination.parent() {
-            sync_dir(dir)?;
-        }
-        Ok(())
+        let Staged {
+            file,
+            destination,
+            dir,
+            name,
+            temp,
+            replacing,
+        } = self;
+        let fail = |err: io::Error| writing(&err, &destination);
+        let temp = match temp {
+            Some(temp) => temp,
+            None if replacing => temp::link_named(&file, &dir, &name).map_err(fail)?,
+            None => match sys::file::link_unnamed(&file, &destination) {
+                // The destination did not exist: created whole, in one step.
+                Ok(()) => return sync_dir(&dir),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                    temp::link_named(&file, &dir, &name).map_err(fail)?
+                }
+                Err(err) => return Err(fail(err)),
+            },
+        };
+        drop(file);
+        fs::rename(&temp.path, &destination).map_err(fail)?;
+        temp.keep();
+        sync_dir(&dir)
     }
 
     /// `sync`, then `place`.
     pub fn commit(self) -> Result<(), ApiError> {
         self.sync()?;
         self.place()
+    }
+
+    /// Gives the file a temporary name beside its destination and closes it: the [`Finished`]
+    /// file holds no descriptor. Removed if dropped unplaced. Its data is made durable by
+    /// [`place_all`], together with the others' (see there).
+    pub fn finish(self) -> Result<Finished, ApiError> {
+        let Staged {
+            file,
+            destination,
+            dir,
+            name,
+            temp,
+            ..
+        } = self;
+        let temp = match temp {
+            Some(temp) => temp,
+            None => {
+                temp::link_named(&file, &dir, &name).map_err(|err| writing(&err, &destination))?
+            }
+        };
+        Ok(Finished {
+            temp,
+            destination,
+            dir,
+        })
+    }
+}
+
+/// A complete file under a temporary name, waiting to be synced and renamed over its destination.
+#[derive(Debug)]
+pub struct Finished {
+    temp: TempPath,
+    destination: PathBuf,
+    dir: PathBuf,
+}
+
+impl Finished {
+    pub fn destination(&self) -> &Path {
+        &self.destination
+    }
+
+    /// Renames it over the destination and syncs the directory.
+    pub fn place(self) -> Result<(), ApiError> {
+        place_all(vec![self])
+    }
+}
+
+/// Makes every file durable, then renames each over its destination, in order, then syncs each
+/// directory once. A failure before the first rename removes them all; a rename failing stops
+/// there: the files before it are placed, it and the rest are removed.
+///
+/// Syncing all the files first and renaming afterwards costs far less than syncing each as it
+/// is finished: the first `fsync` commits the journal transaction that holds them all, and the
+/// others find little left to do (2,000 small files on ext4 here: 0.8 s instead of 9.2 s).
+pub fn place_all(finished: Vec<Finished>) -> Result<(), ApiError> {
+    for file in &finished {
+        sync_path(&file.temp.path).map_err(|err| writing(&err, &file.destination))?;
+    }
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut result = Ok(());
+    for file in finished {
+        if let Err(err) = fs::rename(&file.temp.path, &file.destination) {
+            result = Err(writing(&err, &file.destination));
+            break;
+        }
+        let Finished { temp, dir, .. } = file;
+        temp.keep();
+        if seen.insert(dir.clone()) {
+            dirs.push(dir);
+        }
+    }
+    for dir in &dirs {
+        let synced = sync_dir(dir);
+        if result.is_ok() {
+            result = synced;
+        }
+    }
+    result
+}
+
+/// `fsync` of the regular file at `path`, opened without following a symlink and without
+/// blocking (a temporary name is in a directory others may write to).
+fn sync_path(path: &Path) -> io::Result<()> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    file.sync_all()
+}
+
+/// Whether this process can name an unnamed file (checked once: `/proc/self/fd` is there).
+fn unnamed_possible() -> bool {
+    static POSSIBLE: OnceLock<bool> = OnceLock::new();
+    *POSSIBLE.get_or_init(sys::file::can_link_unnamed)
+}
+
+/// The mode for a file about to replace what `lstat` found at its destination (`None`:
+/// nothing): the permission bits of a regular file there, else [`FILE_MODE`]. A symlink is not
+/// followed (the link itself is replaced).
+fn mode_to_keep(existing: Option<&fs::Metadata>) -> u32 {
+    match existing {
+        Some(meta) if meta.is_file() => meta.mode() & KEPT_BITS,
+        _ => FILE_MODE,
     }
 }
 
@@ -103,7 +293,6 @@ fn writing(err: &io::Error, destination: &Path) -> ApiError {
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
 
     fn names(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
@@ -115,34 +304,144 @@ mod tests {
         names
     }
 
+    fn owner(dir: &Path) -> (u32, u32) {
+        let meta = fs::metadata(dir).unwrap();
+        (meta.uid(), meta.gid())
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().mode() & 0o7777
+    }
+
+    /// Both ways of staging: unnamed (`O_TMPFILE`) and named.
+    const WAYS: [bool; 2] = [true, false];
+
     #[test]
     fn commit_replaces_the_destination_with_a_new_inode() {
-        let dir = tempfile::tempdir().unwrap();
-        let dest = dir.path().join("sub/out");
-        fs::create_dir(dir.path().join("sub")).unwrap();
-        fs::write(&dest, b"old").unwrap();
-        let old_ino = fs::metadata(&dest).unwrap().ino();
-        let meta = fs::metadata(dir.path()).unwrap();
-        let staged = Staged::create(&dest, meta.uid(), meta.gid()).unwrap();
-        staged.file().write_all(b"new").unwrap();
-        assert_eq!(fs::read(&dest).unwrap(), b"old");
-        staged.commit().unwrap();
-        assert_eq!(fs::read(&dest).unwrap(), b"new");
-        let new = fs::metadata(&dest).unwrap();
-        assert_ne!(new.ino(), old_ino);
-        assert_eq!(new.mode() & 0o7777, FILE_MODE);
-        assert_eq!(names(&dir.path().join("sub")), vec!["out"]);
+        for unnamed in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let dest = dir.path().join("sub/out");
+            fs::create_dir(dir.path().join("sub")).unwrap();
+            fs::write(&dest, b"old").unwrap();
+            fs::set_permissions(&dest, fs::Permissions::from_mode(0o644)).unwrap();
+            let old_ino = fs::metadata(&dest).unwrap().ino();
+            let (uid, gid) = owner(dir.path());
+            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            assert_eq!(staged.temp.is_none(), unnamed);
+            staged.file().write_all(b"new").unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"old");
+            staged.commit().unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"new");
+            let new = fs::metadata(&dest).unwrap();
+            assert_ne!(new.ino(), old_ino);
+            assert_eq!(new.mode() & 0o7777, FILE_MODE);
+            assert_eq!(names(&dir.path().join("sub")), vec!["out"]);
+        }
+    }
+
+    #[test]
+    fn a_new_destination_is_created_whole_and_an_unnamed_file_is_never_seen() {
+        for unnamed in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let dest = dir.path().join("fresh");
+            let (uid, gid) = owner(dir.path());
+            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            staged.file().write_all(b"whole").unwrap();
+            // Unnamed: nothing at all in the directory until placed.
+            assert_eq!(names(dir.path()).len(), usize::from(!unnamed));
+            staged.commit().unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"whole");
+            assert_eq!(names(dir.path()), vec!["fresh"]);
+            assert_eq!(mode(&dest), FILE_MODE);
+        }
+    }
+
+    #[test]
+    fn the_permission_bits_of_a_replaced_file_are_kept_but_not_set_id_bits() {
+        for unnamed in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let (uid, gid) = owner(dir.path());
+            for (before, after) in [
+                (0o600, 0o600),
+                (0o755, 0o755),
+                (0o4755, 0o755),
+                (0o2640, 0o640),
+            ] {
+                let dest = dir.path().join("f");
+                fs::write(&dest, b"old").unwrap();
+                fs::set_permissions(&dest, fs::Permissions::from_mode(before)).unwrap();
+                let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+                staged.commit().unwrap();
+                assert_eq!(mode(&dest), after, "{before:o}");
+            }
+            // A symlink is replaced, not followed: the new file gets 0644.
+            let target = dir.path().join("secret");
+            fs::write(&target, b"s").unwrap();
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
+            Staged::create_as(&dir.path().join("link"), uid, gid, unnamed)
+                .unwrap()
+                .commit()
+                .unwrap();
+            assert_eq!(mode(&dir.path().join("link")), FILE_MODE);
+            assert_eq!(mode(&target), 0o600);
+            fs::remove_file(dir.path().join("link")).unwrap();
+        }
     }
 
     #[test]
     fn dropped_uncommitted_leaves_nothing_and_creates_parents() {
-        let dir = tempfile::tempdir().unwrap();
-        let dest = dir.path().join("a/b/out");
-        let meta = fs::metadata(dir.path()).unwrap();
-        let staged = Staged::create(&dest, meta.uid(), meta.gid()).unwrap();
-        staged.file().write_all(b"partial").unwrap();
-        drop(staged);
-        assert!(names(&dir.path().join("a/b")).is_empty());
+        for unnamed in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let dest = dir.path().join("a/b/out");
+            let (uid, gid) = owner(dir.path());
+            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            staged.file().write_all(b"partial").unwrap();
+            drop(staged);
+            assert!(names(&dir.path().join("a/b")).is_empty());
+            let finished = Staged::create_as(&dest, uid, gid, unnamed)
+                .unwrap()
+                .finish()
+                .unwrap();
+            assert_eq!(names(&dir.path().join("a/b")).len(), 1);
+            drop(finished);
+            assert!(names(&dir.path().join("a/b")).is_empty());
+        }
         assert!(Staged::create(Path::new("/"), 0, 0).is_err());
+    }
+
+    #[test]
+    fn finished_files_hold_no_descriptor_and_are_placed_together() {
+        for unnamed in WAYS {
+            let dir = tempfile::tempdir().unwrap();
+            let (uid, gid) = owner(dir.path());
+            fs::write(dir.path().join("p1"), b"old").unwrap();
+            let open_before = fs::read_dir("/proc/self/fd").unwrap().count();
+            let mut finished = Vec::new();
+            for i in 0..50 {
+                let staged =
+                    Staged::create_as(&dir.path().join(format!("p{i}")), uid, gid, unnamed)
+                        .unwrap();
+                staged
+                    .file()
+                    .write_all(format!("part {i}").as_bytes())
+                    .unwrap();
+                finished.push(staged.finish().unwrap());
+            }
+            // Other tests open files meanwhile: allow some slack, far below 50.
+            let open_after = fs::read_dir("/proc/self/fd").unwrap().count();
+            assert!(
+                open_after < open_before + 10,
+                "{open_before} -> {open_after}"
+            );
+            assert_eq!(fs::read(dir.path().join("p1")).unwrap(), b"old");
+            assert_eq!(names(dir.path()).len(), 50 + 1);
+            place_all(finished).unwrap();
+            assert_eq!(names(dir.path()).len(), 50);
+            for i in 0..50 {
+                let path = dir.path().join(format!("p{i}"));
+                assert_eq!(fs::read(&path).unwrap(), format!("part {i}").as_bytes());
+            }
+        }
     }
 }

@@ -1,22 +1,32 @@
 //! Composing files (SPEC §5): the checks on the disk, then the crash-safe write.
 //!
 //! This module owns what compose does to the filesystem: checking sources and destination by
-//! device and inode, writing the concatenation to a temporary beside the destination, making it
-//! durable, renaming it into place, and only then deleting the sources. It does not parse requests
-//! or resolve client paths (`api::compose` and `fs::paths` do).
+//! device and inode, holding every source open from validation to the end, writing the
+//! concatenation to a staged file beside the destination (`fs::atomic`), making it durable,
+//! putting it in place, and only then deleting the sources that are still the files it read.
+//! It does not parse requests or resolve client paths (`api::compose` and `fs::paths` do).
 //!
 //! Decisions where SPEC is silent:
-//! - A destination that is a symlink is *replaced*: the rename puts the new file where the link
-//!   was and the link's target is left alone. (A link to a source, or to a directory, is refused
-//!   by validation, because the checks follow symlinks.)
-//! - Sources are deleted by the paths the client gave, each distinct path once; a source that is
-//!   a symlink loses the link, not its target, as envd's `os.Remove` does. A path already gone
-//!   (two paths to one file) is not an error. A source that cannot be deleted after the rename is
-//!   logged and the compose still succeeds, since the destination is already in place.
+//! - A destination that is a symlink is *replaced*: the new file goes where the link was and the
+//!   link's target is left alone. (A link to a source, or to a directory, is refused by
+//!   validation, because the checks follow symlinks.)
+//! - Each source is opened during validation (after a `stat`, so that no device or FIFO is ever
+//!   opened) and read through that descriptor: what is copied is the file that was validated,
+//!   up to the size it had then, whatever happens to its path meanwhile. One descriptor per
+//!   distinct source path is held for the length of the compose (at most 10,000, SPEC §10).
+//! - Sources are deleted by the paths the client gave, each distinct path once, and only if the
+//!   path still names the very file that was read, unchanged: same device and inode (`stat`
+//!   right before the `unlink`, following symlinks as the open did), and the same size and
+//!   modification time as when it was opened. A source replaced (an upload over it, answered
+//!   200) or written to while the compose ran is kept, and the log says which and why. The
+//!   check and the `unlink` are two system calls: Linux has no "unlink if still this inode",
+//!   so a replacement landing in the microseconds between them is still lost.
+//! - A source that is a symlink loses the link, not its target, as envd's `os.Remove` does. A
+//!   path already gone (two paths to one file) is not an error. A source that cannot be deleted
+//!   after the destination is in place is logged and the compose still succeeds.
 //! - Parent directories created for the destination stay if the compose then fails.
-//! - Sources are read up to the size they had when opened; one that grows meanwhile is cut there.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{self, File, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -26,17 +36,50 @@ use crate::error::ApiError;
 use crate::fs::atomic::Staged;
 use crate::fs::copy::Appender;
 
-/// A compose that passed validation.
+/// A compose that passed validation, holding its sources open.
 #[derive(Debug)]
 pub struct Plan {
     destination: PathBuf,
-    sources: Vec<PathBuf>,
+    /// Each distinct source path once, with its open file, in order of first appearance.
+    opened: Vec<Source>,
+    /// The sources in the client's order, as indexes into `opened`.
+    order: Vec<usize>,
+}
+
+/// A source path, the file it named when validated, and that file's state then.
+#[derive(Debug)]
+struct Source {
+    path: PathBuf,
+    file: File,
+    version: Version,
+}
+
+/// What identifies a file and its contents for the deletion check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Version {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl Version {
+    fn of(meta: &Metadata) -> Version {
+        Version {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        }
+    }
 }
 
 /// SPEC §5 steps 5 and 6, in that order: each source in turn is not the destination (by device
 /// and inode, following symlinks), exists, and is a regular file; then the destination is not a
 /// directory. Each client path is turned into a path by `resolve` when its turn comes, so that a
-/// bad one is reported in order too. Touches nothing.
+/// bad one is reported in order too. Changes nothing on disk; opens each distinct source.
 pub fn validate<'a>(
     destination: PathBuf,
     raw_sources: impl IntoIterator<Item = &'a str>,
@@ -51,27 +94,41 @@ pub fn validate<'a>(
         }
     };
     let dest_id = dest_meta.as_ref().map(id);
-    let mut sources = Vec::new();
+    let mut opened: Vec<Source> = Vec::new();
+    let mut index: HashMap<PathBuf, usize> = HashMap::new();
+    let mut order = Vec::new();
     for raw in raw_sources {
-        let source = resolve(raw)?;
-        let meta = match fs::metadata(&source) {
+        let path = resolve(raw)?;
+        if let Some(&at) = index.get(&path) {
+            order.push(at);
+            continue;
+        }
+        let meta = match fs::metadata(&path) {
             Ok(meta) => meta,
-            Err(err) if is_missing(&err) => return Err(not_found(&source)),
+            Err(err) if is_missing(&err) => return Err(not_found(&path)),
             Err(err) => {
-                let what = format!("checking source '{}'", source.display());
+                let what = format!("checking source '{}'", path.display());
                 return Err(ApiError::from_io(&err, &what));
             }
         };
         if Some(id(&meta)) == dest_id {
-            return Err(ApiError::bad_request(format!(
-                "source path \"{}\" cannot be the same as destination",
-                source.display()
-            )));
+            return Err(same_as_destination(&path));
         }
         if !meta.is_file() {
-            return Err(not_regular(&source));
+            return Err(not_regular(&path));
         }
-        sources.push(source);
+        let (file, meta) = open_source(&path)?;
+        // Swapped for the destination between the stat and the open.
+        if Some(id(&meta)) == dest_id {
+            return Err(same_as_destination(&path));
+        }
+        index.insert(path.clone(), opened.len());
+        order.push(opened.len());
+        opened.push(Source {
+            path,
+            file,
+            version: Version::of(&meta),
+        });
     }
     if dest_meta.is_some_and(|meta| meta.is_dir()) {
         return Err(ApiError::bad_request(format!(
@@ -81,7 +138,8 @@ pub fn validate<'a>(
     }
     Ok(Plan {
         destination,
-        sources,
+        opened,
+        order,
     })
 }
 
@@ -91,22 +149,29 @@ impl Plan {
     }
 
     /// Writes the concatenation, owned by uid:gid, and replaces the destination with it; then
-    /// deletes the sources. On any error before the rename, the temporary is removed and the
-    /// sources and the previous destination are as they were.
+    /// deletes the sources that are unchanged. On any error before the destination is in
+    /// place, nothing remains of the new file and the sources and the previous destination are
+    /// as they were.
     pub fn run(&self, uid: u32, gid: u32) -> Result<(), ApiError> {
         let destination = &self.destination;
         let staged = Staged::create(destination, uid, gid)?;
         let meta = staged.file().metadata().map_err(|e| staged.error(&e))?;
         let mut appender = Appender::new(&meta);
         let mut offset = 0u64;
-        for source in &self.sources {
-            let (file, meta) = open_source(source)?;
+        for &at in &self.order {
+            let source = &self.opened[at];
             offset += appender
-                .append(&file, &meta, meta.len(), staged.file(), offset)
+                .append(
+                    &source.file,
+                    source.version.dev,
+                    source.version.size,
+                    staged.file(),
+                    offset,
+                )
                 .map_err(|err| {
                     let what = format!(
                         "appending '{}' to '{}'",
-                        source.display(),
+                        source.path.display(),
                         destination.display()
                     );
                     ApiError::from_io(&err, &what)
@@ -117,29 +182,89 @@ impl Plan {
         Ok(())
     }
 
+    /// Deletes each distinct source path whose file is still the one read, unchanged.
     fn delete_sources(&self) {
-        let mut seen = HashSet::new();
-        for source in &self.sources {
-            if !seen.insert(source) {
-                continue;
-            }
-            match fs::remove_file(source) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => crate::log::line(format_args!(
-                    "compose into '{}': could not delete source '{}': {err}",
-                    self.destination.display(),
-                    source.display()
-                )),
+        for source in &self.opened {
+            match source.check() {
+                Ok(Check::Unchanged) => match fs::remove_file(&source.path) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(err) => self.log(source, format_args!("could not delete it: {err}")),
+                },
+                Ok(Check::Gone) => {}
+                Ok(Check::Dangling) => {
+                    // A symlink whose target, read and deleted just before under another
+                    // path, is gone: removing the link loses nothing.
+                    let _ = fs::remove_file(&source.path);
+                }
+                Ok(Check::Kept(why)) => self.log(source, format_args!("kept it: {why}")),
+                Err(err) => self.log(
+                    source,
+                    format_args!("kept it: could not check that it is unchanged: {err}"),
+                ),
             }
         }
     }
+
+    fn log(&self, source: &Source, what: std::fmt::Arguments) {
+        crate::log::line(format_args!(
+            "compose into '{}': source '{}': {what}",
+            self.destination.display(),
+            source.path.display()
+        ));
+    }
 }
 
-/// Opens a validated source again for reading and checks it still is a regular file.
-/// `O_NONBLOCK` so that one swapped for a FIFO meanwhile cannot block the open.
+/// What the deletion check found at a source path.
+#[derive(Debug, PartialEq, Eq)]
+enum Check {
+    /// The same file, unchanged: delete the path.
+    Unchanged,
+    /// Nothing there any more.
+    Gone,
+    /// A symlink to nothing.
+    Dangling,
+    /// Something else, or the file changed: keep it, for this reason.
+    Kept(String),
+}
+
+impl Source {
+    /// Compares what the path names now with the file read, and that file now with itself when
+    /// it was opened.
+    fn check(&self) -> io::Result<Check> {
+        let now = match fs::metadata(&self.path) {
+            Ok(meta) => meta,
+            Err(err) if is_missing(&err) => {
+                return Ok(match fs::symlink_metadata(&self.path) {
+                    Ok(meta) if meta.file_type().is_symlink() => Check::Dangling,
+                    _ => Check::Gone,
+                })
+            }
+            Err(err) => return Err(err),
+        };
+        Ok(judge(&self.version, &Version::of(&now)))
+    }
+}
+
+/// The deletion decision for a source read as `read` whose path now names `now`.
+fn judge(read: &Version, now: &Version) -> Check {
+    if (now.dev, now.ino) != (read.dev, read.ino) {
+        Check::Kept("the path names another file now (replaced while the compose ran)".into())
+    } else if now.size != read.size {
+        Check::Kept(format!(
+            "it changed while the compose ran ({} bytes when read, {} now)",
+            read.size, now.size
+        ))
+    } else if (now.mtime, now.mtime_nsec) != (read.mtime, read.mtime_nsec) {
+        Check::Kept("it was modified while the compose ran".into())
+    } else {
+        Check::Unchanged
+    }
+}
+
+/// Opens a validated source for reading and checks it still is a regular file. `O_NONBLOCK` so
+/// that one swapped for a FIFO after the `stat` cannot block the open.
 fn open_source(source: &Path) -> Result<(File, Metadata), ApiError> {
-    let what = || format!("reading source '{}'", source.display());
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -148,12 +273,10 @@ fn open_source(source: &Path) -> Result<(File, Metadata), ApiError> {
             if is_missing(&err) {
                 not_found(source)
             } else {
-                ApiError::from_io(&err, &what())
+                reading(&err, source)
             }
         })?;
-    let meta = file
-        .metadata()
-        .map_err(|err| ApiError::from_io(&err, &what()))?;
+    let meta = file.metadata().map_err(|err| reading(&err, source))?;
     if !meta.is_file() {
         return Err(not_regular(source));
     }
@@ -171,6 +294,17 @@ fn is_missing(err: &io::Error) -> bool {
         || matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP))
 }
 
+fn reading(err: &io::Error, source: &Path) -> ApiError {
+    ApiError::from_io(err, &format!("reading source '{}'", source.display()))
+}
+
+fn same_as_destination(source: &Path) -> ApiError {
+    ApiError::bad_request(format!(
+        "source path \"{}\" cannot be the same as destination",
+        source.display()
+    ))
+}
+
 fn not_found(source: &Path) -> ApiError {
     ApiError::not_found(format!("source file not found: {}", source.display()))
 }
@@ -180,4 +314,78 @@ fn not_regular(source: &Path) -> ApiError {
         "source path is not a regular file: {}",
         source.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const READ: Version = Version {
+        dev: 1,
+        ino: 2,
+        size: 3,
+        mtime: 4,
+        mtime_nsec: 5,
+    };
+
+    #[test]
+    fn only_the_same_unchanged_file_is_deleted() {
+        assert_eq!(judge(&READ, &READ), Check::Unchanged);
+        for now in [
+            Version { ino: 9, ..READ },
+            Version { dev: 9, ..READ },
+            Version { size: 4, ..READ },
+            Version { mtime: 5, ..READ },
+            Version {
+                mtime_nsec: 6,
+                ..READ
+            },
+        ] {
+            assert!(matches!(judge(&READ, &now), Check::Kept(_)), "{now:?}");
+        }
+    }
+
+    #[test]
+    fn a_source_replaced_or_appended_to_after_validation_is_read_as_validated_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::write(&a, b"old a").unwrap();
+        fs::write(&b, b"bb").unwrap();
+        let dest = dir.path().join("out");
+        let plan = validate(dest.clone(), ["a", "b", "a"], |raw| {
+            Ok(dir.path().join(raw))
+        })
+        .unwrap();
+        assert_eq!(plan.opened.len(), 2);
+        // After validation: `a` replaced by a rename, `b` appended to.
+        fs::write(dir.path().join("new"), b"new a").unwrap();
+        fs::rename(dir.path().join("new"), &a).unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&b)
+            .and_then(|mut f| io::Write::write_all(&mut f, b"+more"))
+            .unwrap();
+        let meta = fs::metadata(dir.path()).unwrap();
+        plan.run(meta.uid(), meta.gid()).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"old abbold a");
+        assert_eq!(fs::read(&a).unwrap(), b"new a");
+        assert_eq!(fs::read(&b).unwrap(), b"bb+more");
+    }
+
+    #[test]
+    fn unchanged_sources_are_deleted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("a"), b"A").unwrap();
+        fs::hard_link(dir.path().join("a"), dir.path().join("a2")).unwrap();
+        let dest = dir.path().join("out");
+        let plan = validate(dest.clone(), ["a", "a2", "a"], |raw| {
+            Ok(dir.path().join(raw))
+        })
+        .unwrap();
+        let meta = fs::metadata(dir.path()).unwrap();
+        plan.run(meta.uid(), meta.gid()).unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"AAA");
+        assert!(!dir.path().join("a").exists());
+        assert!(!dir.path().join("a2").exists());
+    }
 }

@@ -47,20 +47,19 @@ impl Appender {
         }
     }
 
-    /// Appends the first `len` bytes of `src` to `dst` at `dst_offset` (its current end).
-    /// Returns the count appended: `len`, or less if `src` shrank meanwhile.
+    /// Appends the first `len` bytes of `src` (on device `src_dev`) to `dst` at `dst_offset`
+    /// (its current end). Returns the count appended: `len`, or less if `src` shrank meanwhile.
     pub fn append(
         &mut self,
         src: &File,
-        src_meta: &Metadata,
+        src_dev: u64,
         len: u64,
         dst: &File,
         dst_offset: u64,
     ) -> io::Result<u64> {
         let mut src_offset = 0u64;
         let mut dst_offset = dst_offset;
-        if self.try_clone && src_meta.dev() == self.dst_dev && dst_offset.is_multiple_of(self.block)
-        {
+        if self.try_clone && src_dev == self.dst_dev && dst_offset.is_multiple_of(self.block) {
             let aligned = len - len % self.block;
             if aligned > 0 {
                 match copy::clone_range(src, 0, dst, dst_offset, aligned) {
@@ -172,7 +171,9 @@ mod tests {
             let src = File::open(&path).unwrap();
             let meta = src.metadata().unwrap();
             let len = meta.len();
-            offset += appender.append(&src, &meta, len, &dst, offset).unwrap();
+            offset += appender
+                .append(&src, meta.dev(), len, &dst, offset)
+                .unwrap();
         }
         assert_eq!(dst.metadata().unwrap().len(), offset);
         std::fs::read(dir.path().join("out")).unwrap()
@@ -210,7 +211,9 @@ mod tests {
         dst.write_all_at(b"head", 0).unwrap();
         let mut appender = Appender::new(&dst.metadata().unwrap());
         assert_eq!(
-            appender.append(&zero, &meta, 300_000, &dst, 4).unwrap(),
+            appender
+                .append(&zero, meta.dev(), 300_000, &dst, 4)
+                .unwrap(),
             300_000
         );
         let mut out = vec![1u8; 300_004];
@@ -226,9 +229,9 @@ mod tests {
         let meta = src.metadata().unwrap();
         let dst = tempfile::tempfile().unwrap();
         let mut appender = Appender::new(&dst.metadata().unwrap());
-        assert_eq!(appender.append(&src, &meta, 1000, &dst, 0).unwrap(), 5);
+        assert_eq!(appender.append(&src, meta.dev(), 1000, &dst, 0).unwrap(), 5);
         let mut appender = Appender::with_methods(&dst.metadata().unwrap(), false, false);
-        assert_eq!(appender.append(&src, &meta, 1000, &dst, 5).unwrap(), 5);
+        assert_eq!(appender.append(&src, meta.dev(), 1000, &dst, 5).unwrap(), 5);
         assert_eq!(dst.metadata().unwrap().len(), 10);
     }
 

@@ -3,9 +3,11 @@
 //!
 //! `users` owns reading the passwd file, `paths` owns the lexical resolution of client paths,
 //! `dirs` owns creating missing parent directories and the JSON record of a written file,
-//! `atomic` owns placing a new file (temporary, fsync, rename, fsync of the directory) for compose
-//! and upload, `compose` owns the crash-safe concatenation, `copy` the zero-copy append under it,
-//! and `temp` the temporaries beside a destination and the removal of stale ones.
+//! `atomic` owns placing a new file for compose and upload (an unnamed `O_TMPFILE` file or a
+//! named temporary, its mode and owner, fsync, naming it, fsync of the directory), `compose` owns
+//! the crash-safe concatenation and which sources it may delete, `copy` the zero-copy append
+//! under it, and `temp` the temporary names beside a destination and the sweeper thread that
+//! removes stale ones.
 
 pub mod atomic;
 pub mod compose;

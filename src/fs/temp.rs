@@ -1,20 +1,30 @@
-//! Temporary files beside a destination, and removing the ones a killed sandboxd left behind.
+//! Named temporaries beside a destination, and removing the ones a killed sandboxd left behind.
 //!
-//! A temporary is named `.<name>.sandboxd-<pid>-<start>-<n>.tmp`: `<name>` is the destination's
-//! base name (shortened to fit `NAME_MAX`), `<pid>` and `<start>` identify the process that made
-//! it (its start time in clock ticks after boot, field 22 of `/proc/<pid>/stat`, so a reused pid
-//! is told apart), `<n>` a per-process counter. A temporary is stale, and removed by
-//! [`remove_stale`], when no running process has that pid and start time. Without a readable
-//! `/proc`, nothing is ever judged stale.
+//! Most writes need no name until they are complete (`fs::atomic` writes into an unnamed
+//! `O_TMPFILE`); a name is needed where the filesystem has no `O_TMPFILE`, for a finished
+//! multipart part whose descriptor is closed, and for the instant between linking a file and
+//! renaming it over an existing destination. Such a temporary is named
+//! `.<name>.sandboxd-<pid>-<start>-<n>.tmp`: `<name>` is the destination's base name (shortened
+//! to fit `NAME_MAX`), `<pid>` and `<start>` identify the process that made it (its start time
+//! in clock ticks after boot, field 22 of `/proc/<pid>/stat`, so a reused pid is told apart),
+//! `<n>` a per-process counter. A temporary is stale when no running process has that pid and
+//! start time. Without a readable `/proc`, nothing is ever judged stale.
+//!
+//! Stale temporaries are removed by the sweeper, a thread that reads each directory sandboxd
+//! writes into once per process life ([`sweep_once`]); no request ever reads a whole directory.
 
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{mpsc, Mutex, OnceLock};
+
+use crate::sys;
 
 const MARK: &[u8] = b".sandboxd-";
 const SUFFIX: &[u8] = b".tmp";
@@ -94,8 +104,13 @@ fn is_gone(pid: u32, start: u64) -> bool {
 }
 
 /// Removes, in `dir`, the regular files named like sandboxd's temporaries whose process is gone.
-/// Best effort: errors are ignored (a leftover only wastes space).
+/// Best effort: errors are ignored (a leftover only wastes space). Reads the whole directory:
+/// requests never call it, only the sweeper thread ([`sweep_once`]) and tests.
 pub fn remove_stale(dir: &Path) {
+    if me().is_none() {
+        // Without /proc nothing can be judged stale: do not read the directory for nothing.
+        return;
+    }
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
@@ -109,54 +124,125 @@ pub fn remove_stale(dir: &Path) {
     }
 }
 
-/// A new temporary file beside `destination`, mode 0644, removed when dropped unless kept.
-pub struct TempFile {
-    pub file: File,
+/// How many directories the sweeper remembers having swept; past that it forgets them all and
+/// may sweep one again (harmless, and it bounds the memory: 8 bytes each).
+const SWEPT_CAP: usize = 16_384;
+
+/// The sweeper: a thread started on first use that runs [`remove_stale`] on each directory it
+/// is handed, and what it has been handed already (hashes of the paths).
+struct Sweeper {
+    seen: HashSet<u64>,
+    hasher: RandomState,
+    queue: mpsc::Sender<PathBuf>,
+}
+
+static SWEEPER: OnceLock<Option<Mutex<Sweeper>>> = OnceLock::new();
+
+/// Has `dir` swept of stale temporaries once in this process's life, on the sweeper thread.
+///
+/// Every write calls this for its directory; only the first call for a directory does anything
+/// (one hash lookup under a lock otherwise), and the reading of the directory happens on the
+/// sweeper thread, so no request's cost depends on how many entries its directory holds. A
+/// temporary left by a killed sandboxd (a named temporary where the filesystem has no
+/// `O_TMPFILE`, a finished multipart part, or the instant between a link and a rename) is thus
+/// removed shortly after a later sandboxd first writes into that directory. Without `/proc`
+/// (nothing can be judged stale) or when the thread cannot start, it does nothing.
+pub fn sweep_once(dir: &Path) {
+    let Some(sweeper) = SWEEPER.get_or_init(start_sweeper) else {
+        return;
+    };
+    let Ok(mut sweeper) = sweeper.lock() else {
+        return;
+    };
+    let key = sweeper.hasher.hash_one(dir);
+    if sweeper.seen.contains(&key) {
+        return;
+    }
+    if sweeper.seen.len() >= SWEPT_CAP {
+        sweeper.seen.clear();
+    }
+    sweeper.seen.insert(key);
+    let _ = sweeper.queue.send(dir.to_path_buf());
+}
+
+fn start_sweeper() -> Option<Mutex<Sweeper>> {
+    me()?;
+    let (queue, directories) = mpsc::channel::<PathBuf>();
+    std::thread::Builder::new()
+        .name("sweeper".into())
+        .spawn(move || {
+            for dir in directories {
+                remove_stale(&dir);
+            }
+        })
+        .ok()?;
+    Some(Mutex::new(Sweeper {
+        seen: HashSet::new(),
+        hasher: RandomState::new(),
+        queue,
+    }))
+}
+
+/// A temporary's name, removed when dropped unless [`kept`](TempPath::keep).
+#[derive(Debug)]
+pub struct TempPath {
     pub path: PathBuf,
     keep: bool,
 }
 
-impl TempFile {
-    /// Creates it with `O_EXCL` (never reusing or following anything already there).
-    pub fn create(dir: &Path, name: &OsStr) -> io::Result<TempFile> {
-        let (pid, start) = me().unwrap_or((std::process::id(), 0));
-        loop {
-            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = dir.join(temp_name(name, pid, start, n));
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o644)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-            {
-                Ok(file) => {
-                    return Ok(TempFile {
-                        file,
-                        path,
-                        keep: false,
-                    })
-                }
-                // Someone else's file of that name: take the next number.
-                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(err) => return Err(err),
-            }
-        }
-    }
-
-    /// Renames it over `destination`; from then on it is no longer removed when dropped.
-    pub fn rename_to(mut self, destination: &Path) -> io::Result<()> {
-        fs::rename(&self.path, destination)?;
+impl TempPath {
+    /// From now on the name is no longer removed when dropped (it was renamed away).
+    pub fn keep(mut self) {
         self.keep = true;
-        Ok(())
     }
 }
 
-impl Drop for TempFile {
+impl Drop for TempPath {
     fn drop(&mut self) {
         if !self.keep {
             let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The name of the next temporary for destination base name `name` in `dir`.
+fn next_name(dir: &Path, name: &OsStr) -> PathBuf {
+    let (pid, start) = me().unwrap_or((std::process::id(), 0));
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    dir.join(temp_name(name, pid, start, n))
+}
+
+/// Creates a new named temporary file for destination base name `name` in `dir`, mode 0644
+/// (less the umask), with `O_EXCL` (never reusing or following anything already there). For
+/// filesystems without `O_TMPFILE`.
+pub fn create_named(dir: &Path, name: &OsStr) -> io::Result<(File, TempPath)> {
+    loop {
+        let path = next_name(dir, name);
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(file) => return Ok((file, TempPath { path, keep: false })),
+            // Someone else's file of that name: take the next number.
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Gives the unnamed file `file` a temporary's name in `dir` (for destination base name
+/// `name`), so that its descriptor can be closed or it can be renamed over a destination.
+pub fn link_named(file: &File, dir: &Path, name: &OsStr) -> io::Result<TempPath> {
+    loop {
+        let path = next_name(dir, name);
+        match sys::file::link_unnamed(file, &path) {
+            Ok(()) => return Ok(TempPath { path, keep: false }),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(err) => return Err(err),
         }
     }
 }
@@ -227,20 +313,60 @@ mod tests {
     }
 
     #[test]
-    fn a_temp_file_is_removed_unless_renamed() {
+    fn a_temp_file_is_removed_unless_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let temp = TempFile::create(dir.path(), OsStr::new("out")).unwrap();
+        let (_file, temp) = create_named(dir.path(), OsStr::new("out")).unwrap();
         let path = temp.path.clone();
         assert!(path.exists());
+        assert!(parse_temp_name(path.file_name().unwrap()).is_some());
         drop(temp);
         assert!(!path.exists());
-        let temp = TempFile::create(dir.path(), OsStr::new("out")).unwrap();
-        temp.rename_to(&dir.path().join("out")).unwrap();
+        let (_file, temp) = create_named(dir.path(), OsStr::new("out")).unwrap();
+        fs::rename(&temp.path, dir.path().join("out")).unwrap();
+        temp.keep();
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .flatten()
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names, vec![OsString::from("out")]);
+    }
+
+    #[test]
+    fn an_unnamed_file_linked_to_a_temporary_name_is_removed_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let Ok(file) = sys::file::open_unnamed(dir.path(), 0o644) else {
+            eprintln!("skipped: no O_TMPFILE here");
+            return;
+        };
+        let temp = link_named(&file, dir.path(), OsStr::new("x")).unwrap();
+        assert!(temp.path.exists());
+        let again = link_named(&file, dir.path(), OsStr::new("x")).unwrap();
+        assert_ne!(again.path, temp.path);
+        let (first, second) = (temp.path.clone(), again.path.clone());
+        drop(temp);
+        drop(again);
+        assert!(!first.exists() && !second.exists());
+    }
+
+    #[test]
+    fn the_sweeper_removes_stale_temporaries_once_per_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = dir.path().join(temp_name(OsStr::new("a"), dead, 5, 0));
+        fs::write(&stale, b"x").unwrap();
+        sweep_once(dir.path());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stale.exists() {
+            assert!(std::time::Instant::now() < deadline, "not swept");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A second call for the same directory does nothing: a new leftover stays.
+        fs::write(&stale, b"x").unwrap();
+        sweep_once(dir.path());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(stale.exists());
     }
 }

@@ -6,6 +6,8 @@
 #![allow(unsafe_code)]
 
 pub mod copy;
+pub mod env;
+pub mod file;
 pub mod process;
 pub mod statvfs;
 

@@ -488,3 +488,26 @@ pub fn busy_keep_alive_clients(daemon: &Daemon, clients: usize, requests: usize)
     }
     started.elapsed()
 }
+
+/// How many unnamed (`O_TMPFILE`) files in `dir` process `pid` holds open: the files sandboxd is
+/// writing, which `temporaries` cannot see because they have no name yet. The kernel shows
+/// such a descriptor as `<dir>/#<inode> (deleted)`.
+pub fn unnamed_files(pid: i32, dir: &Path) -> usize {
+    let prefix = format!("{}/#", dir.display());
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| fs::read_link(entry.path()).ok())
+        .filter(|target| {
+            let target = target.to_string_lossy();
+            target.starts_with(&prefix) && target.ends_with(" (deleted)")
+        })
+        .count()
+}
+
+/// The files sandboxd is writing in `dir`: named temporaries plus unnamed files it holds open.
+pub fn files_in_progress(daemon: &Daemon, dir: &Path) -> usize {
+    temporaries(dir).len() + unnamed_files(daemon.pid(), dir)
+}

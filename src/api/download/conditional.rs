@@ -2,8 +2,8 @@
 //! `If-Unmodified-Since`, `If-None-Match`, `If-Modified-Since` and `If-Range`.
 //!
 //! This module owns the evaluation, in the order of RFC 9110 §13.2.2, of header text against the
-//! file's validators (its strong ETag and its modification time in whole seconds). It does not
-//! read headers or files: the handler passes both in.
+//! file's validators (its strong ETag and the time its `Last-Modified` shows, in whole seconds).
+//! It does not read headers or files: the handler passes both in.
 //!
 //! Decisions:
 //! - A date that is not an IMF-fixdate makes its header absent (RFC 9110 §13.1.3-4 MUST ignore).
@@ -12,6 +12,10 @@
 //! - `If-Range` with a date counts only when that date equals `Last-Modified` and the file was
 //!   last changed before the current second, so that a change later in the same second cannot
 //!   be mistaken for the validated version (the date is then a strong validator, §13.1.4).
+//! - The dates compared are the ones `Last-Modified` shows, so a file modified "in the future"
+//!   (shown as modified now, `headers::last_modified`) is never `If-Modified-Since`-fresh past
+//!   the second it was sent in, and a file without a valid date has its date conditions
+//!   ignored (RFC 9110 §13.1.3-4: no modification date available) and no `If-Range` date match.
 
 use crate::http::date;
 
@@ -30,8 +34,8 @@ pub struct Conditions<'a> {
 pub struct Validators<'a> {
     /// The strong entity-tag, quotes included: `"..."`.
     pub etag: &'a str,
-    /// Modification time, Unix seconds (what `Last-Modified` shows).
-    pub mtime: i64,
+    /// What `Last-Modified` shows, Unix seconds; `None` when it is not sent.
+    pub mtime: Option<i64>,
     /// The current time, Unix seconds.
     pub now: i64,
 }
@@ -54,8 +58,11 @@ pub fn evaluate(conditions: &Conditions, file: &Validators) -> Outcome {
         if !matches_list(list, file.etag, Comparison::Strong) {
             return Outcome::PreconditionFailed("If-Match");
         }
-    } else if let Some(since) = conditions.if_unmodified_since.and_then(date::parse) {
-        if file.mtime > since {
+    } else if let (Some(since), Some(mtime)) = (
+        conditions.if_unmodified_since.and_then(date::parse),
+        file.mtime,
+    ) {
+        if mtime > since {
             return Outcome::PreconditionFailed("If-Unmodified-Since");
         }
     }
@@ -64,8 +71,11 @@ pub fn evaluate(conditions: &Conditions, file: &Validators) -> Outcome {
         if matches_list(list, file.etag, Comparison::Weak) {
             return Outcome::NotModified;
         }
-    } else if let Some(since) = conditions.if_modified_since.and_then(date::parse) {
-        if file.mtime <= since {
+    } else if let (Some(since), Some(mtime)) = (
+        conditions.if_modified_since.and_then(date::parse),
+        file.mtime,
+    ) {
+        if mtime <= since {
             return Outcome::NotModified;
         }
     }
@@ -85,7 +95,8 @@ fn if_range_matches(validator: &str, file: &Validators) -> bool {
             _ => false,
         };
     }
-    date::parse(validator).is_some_and(|date| date == file.mtime && file.mtime < file.now)
+    file.mtime
+        .is_some_and(|mtime| date::parse(validator) == Some(mtime) && mtime < file.now)
 }
 
 #[derive(Clone, Copy)]
@@ -188,7 +199,7 @@ mod tests {
     fn file() -> Validators<'static> {
         Validators {
             etag: ETAG,
-            mtime: MTIME,
+            mtime: Some(MTIME),
             now: MTIME + 100,
         }
     }
@@ -353,5 +364,46 @@ mod tests {
             ..file()
         };
         assert_eq!(evaluate(&conditions, &fresh), SERVE_WHOLE);
+    }
+
+    #[test]
+    fn without_a_date_the_date_conditions_are_ignored() {
+        let undated = Validators {
+            mtime: None,
+            ..file()
+        };
+        for (conditions, expected) in [
+            (
+                Conditions {
+                    if_modified_since: Some(AFTER),
+                    ..Default::default()
+                },
+                SERVE,
+            ),
+            (
+                Conditions {
+                    if_unmodified_since: Some(BEFORE),
+                    ..Default::default()
+                },
+                SERVE,
+            ),
+            (
+                Conditions {
+                    if_range: Some(AT_MTIME),
+                    ..Default::default()
+                },
+                SERVE_WHOLE,
+            ),
+            (
+                Conditions {
+                    if_none_match: Some(ETAG),
+                    if_modified_since: Some(BEFORE),
+                    ..Default::default()
+                },
+                Outcome::NotModified,
+            ),
+        ] {
+            assert_eq!(evaluate(&conditions, &undated), expected, "{conditions:?}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Header values describing a downloaded file: `Content-Type` from a built-in table of
-//! extensions, `Content-Disposition` from its name, and its strong `ETag`.
+//! extensions, `Content-Disposition` from its name, its strong `ETag`, and the time its
+//! `Last-Modified` shows.
 //!
 //! Pure functions of names and numbers; the handler supplies them.
 
@@ -111,9 +112,50 @@ pub fn etag(dev: u64, ino: u64, size: u64, mtime_secs: i64, mtime_nsec: i64) -> 
     format!("\"{dev:x}-{ino:x}-{size:x}-{nanos:x}\"")
 }
 
+/// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the first and last instants an IMF-fixdate
+/// (a four-digit year) can show.
+const FIRST_DATE: i64 = -62_167_219_200;
+const LAST_DATE: i64 = 253_402_300_799;
+
+/// The time `Last-Modified` shows for a file modified at `mtime`, answered at `now` (both Unix
+/// seconds), or `None` when the header must be left out.
+///
+/// A modification time in the future (a clock set wrong when the file was written, `touch -d`,
+/// an archive's dates) is replaced by `now`, as RFC 9110 §8.8.2.1 requires: the origin server
+/// MUST NOT send a `Last-Modified` later than its `Date`, and a future date would make every
+/// later `If-Modified-Since` of a client answer 304 after the file really changed. A time with
+/// no IMF-fixdate (a year before 0000 or after 9999) has no valid date: `None`.
+pub fn last_modified(mtime: i64, now: i64) -> Option<i64> {
+    let shown = mtime.min(now);
+    (FIRST_DATE..=LAST_DATE).contains(&shown).then_some(shown)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::date;
+
+    #[test]
+    fn last_modified_is_never_after_now_and_always_a_valid_date() {
+        let now = 1_700_000_000;
+        assert_eq!(last_modified(now - 5, now), Some(now - 5));
+        assert_eq!(last_modified(now, now), Some(now));
+        assert_eq!(last_modified(now + 1, now), Some(now));
+        assert_eq!(last_modified(i64::MAX, now), Some(now));
+        assert_eq!(last_modified(0, now), Some(0));
+        assert_eq!(last_modified(-1, now), Some(-1));
+        assert_eq!(date::format(FIRST_DATE), "Sat, 01 Jan 0000 00:00:00 GMT");
+        assert_eq!(date::format(LAST_DATE), "Fri, 31 Dec 9999 23:59:59 GMT");
+        assert_eq!(last_modified(FIRST_DATE, now), Some(FIRST_DATE));
+        assert_eq!(last_modified(FIRST_DATE - 1, now), None);
+        assert_eq!(last_modified(i64::MIN, now), None);
+        // A clock past 9999 has no date to show either.
+        assert_eq!(last_modified(LAST_DATE + 10, LAST_DATE + 1), None);
+        assert_eq!(last_modified(LAST_DATE + 10, LAST_DATE), Some(LAST_DATE));
+        for shown in [FIRST_DATE, -1, 0, now, LAST_DATE] {
+            assert_eq!(date::parse(&date::format(shown)), Some(shown), "{shown}");
+        }
+    }
 
     #[test]
     fn content_type_by_extension() {

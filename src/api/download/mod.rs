@@ -122,7 +122,7 @@ fn respond(
         metadata.mtime(),
         metadata.mtime_nsec(),
     );
-    let last_modified = date::format(metadata.mtime());
+    let modified = headers::last_modified(metadata.mtime(), now);
     let if_match = joined(head, "if-match");
     let if_none_match = joined(head, "if-none-match");
     let conditions = Conditions {
@@ -134,7 +134,7 @@ fn respond(
     };
     let validators = Validators {
         etag: &etag,
-        mtime: metadata.mtime(),
+        mtime: modified,
         now,
     };
     let range_allowed = match conditional::evaluate(&conditions, &validators) {
@@ -145,9 +145,8 @@ fn respond(
             ))
         }
         Outcome::NotModified => {
-            return Ok(Response::empty(304)
-                .with_header("ETag", etag)
-                .with_header("Last-Modified", last_modified))
+            let response = Response::empty(304).with_header("ETag", etag);
+            return Ok(with_last_modified(response, modified));
         }
         Outcome::Proceed { range_allowed } => range_allowed,
     };
@@ -180,14 +179,22 @@ fn respond(
         .with_header("Content-Type", headers::content_type(&name))
         .with_header("Content-Disposition", headers::content_disposition(&name))
         .with_header("ETag", etag)
-        .with_header("Last-Modified", last_modified)
         .with_header("Accept-Ranges", "bytes")
         .with_header("X-Content-Type-Options", "nosniff");
+    response = with_last_modified(response, modified);
     if status == 206 {
         let end = offset + len - 1;
         response = response.with_header("Content-Range", format!("bytes {offset}-{end}/{size}"));
     }
     Ok(response)
+}
+
+/// Adds `Last-Modified` when the file has a date to show (`headers::last_modified`).
+fn with_last_modified(response: Response, modified: Option<i64>) -> Response {
+    match modified {
+        Some(time) => response.with_header("Last-Modified", date::format(time)),
+        None => response,
+    }
 }
 
 /// Every field named `name`, as text joined by `,` (a list split over several fields).
