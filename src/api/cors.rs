@@ -45,13 +45,13 @@ pub fn preflight(head: &Head) -> Option<Response> {
             "Access-Control-Request-Method, Access-Control-Request-Headers",
         );
     if let Some(method) = token_list(method).filter(|m| !m.contains(',')) {
-        response = response.with_header("Access-Control-Allow-Methods", method);
+        response = response.with_header("Access-Control-Allow-Methods", method.to_owned());
     }
     if let Some(headers) = head
         .header("access-control-request-headers")
         .and_then(token_list)
     {
-        response = response.with_header("Access-Control-Allow-Headers", headers);
+        response = response.with_header("Access-Control-Allow-Headers", headers.to_owned());
     }
     Some(response)
 }
@@ -67,15 +67,15 @@ fn add_headers(has_origin: bool, response: &mut Response) {
         name.eq_ignore_ascii_case("etag") || name.eq_ignore_ascii_case("last-modified")
     });
     if cacheable {
-        response.headers.push(("Vary", "Origin".to_string()));
+        response.headers.push(("Vary", "Origin".into()));
     }
     if has_origin {
         response
             .headers
-            .push(("Access-Control-Allow-Origin", "*".to_string()));
+            .push(("Access-Control-Allow-Origin", "*".into()));
         response
             .headers
-            .push(("Access-Control-Expose-Headers", EXPOSED_HEADERS.to_string()));
+            .push(("Access-Control-Expose-Headers", EXPOSED_HEADERS.into()));
     }
 }
 
@@ -154,7 +154,7 @@ mod tests {
             .headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_ref())
     }
 
     #[test]

@@ -25,6 +25,8 @@ const HEAD_READ: usize = 16 * 1024;
 /// Most body bytes of a file sent, or of a request body read, in one turn before the connection
 /// goes to the back of the line, so that a fast transfer cannot keep a worker from the others.
 const TURN_BYTES: u64 = 8 << 20;
+/// Largest in-memory body sent from the worker's buffer; a larger one gets a buffer of its own.
+const INLINE_BODY: usize = 16 * 1024;
 /// Most bytes one `sendfile` call is asked for.
 const SENDFILE_CHUNK: usize = 1 << 20;
 /// How long a closing connection keeps reading (and discarding) so that the peer, still
@@ -84,8 +86,10 @@ pub(crate) struct Context<'a, H> {
     pub now: Instant,
     /// The server is draining: every answer closes its connection.
     pub stopping: bool,
-    /// Worker scratch space for request bodies.
+    /// Worker scratch space for request heads and bodies.
     pub scratch: &'a mut [u8],
+    /// Worker buffer an answer is written into; a small answer sent whole never leaves it.
+    pub out: &'a mut Vec<u8>,
     /// Makes the waker of this connection, for a streamed response whose producer is idle.
     pub waker: &'a dyn Fn() -> Waker,
     /// Requests under way, for draining.
@@ -168,6 +172,14 @@ struct Progress {
     window_bytes: u64,
 }
 
+/// A small answer's facts while its bytes are in the worker's buffer.
+struct Reply {
+    exchange: Exchange,
+    status: u16,
+    body_bytes: u64,
+    after: After,
+}
+
 struct Sending {
     exchange: Exchange,
     status: u16,
@@ -215,6 +227,8 @@ impl Drop for InFlight {
 /// What one step of a phase leads to.
 enum Step {
     Continue,
+    /// Send the answer in the worker's buffer now.
+    Reply(Reply),
     Wait(Wait, Option<Instant>),
     Close,
 }
@@ -256,8 +270,12 @@ impl Conn {
                 Phase::Linger { .. } => self.linger(io, cx),
                 Phase::Closed => Step::Close,
             };
+            let step = match step {
+                Step::Reply(reply) => self.reply(reply, io, cx),
+                step => step,
+            };
             match step {
-                Step::Continue => {}
+                Step::Continue | Step::Reply(_) => {}
                 Step::Wait(wait, deadline) => {
                     self.release_buffers();
                     return Next::Park { wait, deadline };
@@ -298,13 +316,29 @@ impl Conn {
         match io.recv(&mut cx.scratch[..want]) {
             Ok(0) => Step::Close,
             Ok(n) => {
-                self.inbuf.extend_from_slice(&cx.scratch[..n]);
                 if let Phase::Idle { .. } = self.phase {
                     self.phase = Phase::Head {
                         deadline: cx.now + cx.limits.header_timeout,
                     };
                 }
-                Step::Continue
+                if !self.inbuf.is_empty() {
+                    self.inbuf.extend_from_slice(&cx.scratch[..n]);
+                    return Step::Continue;
+                }
+                // The usual case, a whole head in one read: parsed where it landed, and only
+                // what follows it (a body's first bytes, a pipelined request) is kept.
+                match Head::parse(&cx.scratch[..n]) {
+                    Ok(Some((head, len))) => {
+                        self.inbuf.extend_from_slice(&cx.scratch[len..n]);
+                        self.begin(head, cx)
+                    }
+                    Ok(None) => {
+                        self.inbuf.extend_from_slice(&cx.scratch[..n]);
+                        self.scanned = n;
+                        Step::Continue
+                    }
+                    Err(error) => self.refuse(None, Error::Head(error), cx),
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let deadline = match self.phase {
@@ -597,7 +631,8 @@ impl Conn {
             After::Discard(framing) => After::Discard(framing),
             other => other,
         };
-        let mut out = Vec::new();
+        let out = &mut *cx.out;
+        out.clear();
         let options = HeadOptions {
             server: cx.server,
             date: cx.date,
@@ -605,7 +640,7 @@ impl Conn {
             announce_keep_alive: !exchange.http11,
             chunked_allowed: exchange.http11,
         };
-        let framing = response::write_head(&mut out, &response, &options);
+        let framing = response::write_head(out, &response, &options);
         let send_body = !exchange.head_only && framing != response::Framing::None;
         let after = if framing == response::Framing::Close {
             After::Close
@@ -618,6 +653,23 @@ impl Conn {
             _ => 0,
         };
         let body = match response.body {
+            ResponseBody::Bytes(bytes) if send_body && bytes.len() > INLINE_BODY => {
+                let mut whole = Vec::with_capacity(out.len() + bytes.len());
+                whole.extend_from_slice(out);
+                whole.extend_from_slice(&bytes);
+                out.clear();
+                self.phase = Phase::Send(Box::new(Sending {
+                    exchange,
+                    status: response.status,
+                    body_bytes: counted_bytes,
+                    out: whole,
+                    sent: 0,
+                    body: Outgoing::None,
+                    last_progress: cx.now,
+                    after,
+                }));
+                return Step::Continue;
+            }
             ResponseBody::Bytes(bytes) if send_body => {
                 out.extend_from_slice(&bytes);
                 Outgoing::None
@@ -633,11 +685,22 @@ impl Conn {
             },
             _ => Outgoing::None,
         };
+        if let Outgoing::None = body {
+            self.phase = Phase::Closed;
+            return Step::Reply(Reply {
+                exchange,
+                status: response.status,
+                body_bytes: counted_bytes,
+                after,
+            });
+        }
+        let head = out.to_vec();
+        out.clear();
         self.phase = Phase::Send(Box::new(Sending {
             exchange,
             status: response.status,
             body_bytes: counted_bytes,
-            out,
+            out: head,
             sent: 0,
             body,
             last_progress: cx.now,
@@ -727,6 +790,55 @@ impl Conn {
         }
     }
 
+    /// Sends the answer waiting in the worker's buffer. What the peer cannot take now moves to
+    /// a [`Sending`] of the connection's own, as the buffer stays with the worker.
+    fn reply<H: Handler>(
+        &mut self,
+        reply: Reply,
+        io: &mut impl Io,
+        cx: &mut Context<'_, H>,
+    ) -> Step {
+        let mut sent = 0;
+        let error = loop {
+            match io.send(&cx.out[sent..], false) {
+                Ok(n) => {
+                    sent += n;
+                    if sent == cx.out.len() {
+                        cx.out.clear();
+                        let Reply {
+                            exchange,
+                            status,
+                            body_bytes,
+                            after,
+                        } = reply;
+                        return self.answered(exchange, status, body_bytes, after, cx);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break e,
+            }
+        };
+        let rest = cx.out[sent..].to_vec();
+        cx.out.clear();
+        self.phase = Phase::Send(Box::new(Sending {
+            exchange: reply.exchange,
+            status: reply.status,
+            body_bytes: reply.body_bytes,
+            out: rest,
+            sent: 0,
+            body: Outgoing::None,
+            last_progress: cx.now,
+            after: reply.after,
+        }));
+        let Phase::Send(sending) = &self.phase else {
+            return Step::Close;
+        };
+        match sending.blocked(error, cx) {
+            Some(step) => self.send_stopped(step, cx),
+            None => Step::Continue,
+        }
+    }
+
     /// The answer is out: log it and go on as `after` says.
     fn sent<H: Handler>(&mut self, cx: &mut Context<'_, H>) -> Step {
         let Phase::Send(sending) = std::mem::replace(&mut self.phase, Phase::Closed) else {
@@ -739,6 +851,17 @@ impl Conn {
             after,
             ..
         } = *sending;
+        self.answered(exchange, status, body_bytes, after, cx)
+    }
+
+    fn answered<H: Handler>(
+        &mut self,
+        exchange: Exchange,
+        status: u16,
+        body_bytes: u64,
+        after: After,
+        cx: &mut Context<'_, H>,
+    ) -> Step {
         log(cx, &exchange, status, body_bytes);
         drop(exchange);
         match after {

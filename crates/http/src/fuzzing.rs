@@ -155,6 +155,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
             now,
             stopping: false,
             scratch,
+            out: &mut Vec::new(),
             waker: &waker,
             in_flight: &in_flight,
         };

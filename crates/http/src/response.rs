@@ -5,6 +5,7 @@
 //! carries `Date` and `Server`; bodies of known length are framed by `Content-Length`, streams
 //! by chunked transfer coding (HTTP/1.1) or by closing the connection (HTTP/1.0).
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::Write;
 
@@ -47,7 +48,7 @@ pub struct Response {
     /// The status code.
     pub status: u16,
     /// Header names and values, written in order.
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, Cow<'static, str>)>,
     /// The body source.
     pub body: ResponseBody,
     /// Close the connection after this response.
@@ -77,7 +78,11 @@ impl Response {
     }
 
     /// Adds a header.
-    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+    pub fn with_header(
+        mut self,
+        name: &'static str,
+        value: impl Into<Cow<'static, str>>,
+    ) -> Response {
         self.headers.push((name, value.into()));
         self
     }

@@ -38,6 +38,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const WORKER_STACK: usize = 256 * 1024;
 /// A worker's buffer for request bodies.
 const SCRATCH_BYTES: usize = 256 * 1024;
+/// A worker's buffer for small answers (a head and an inline body).
+const OUT_BYTES: usize = 20 * 1024;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -167,6 +169,7 @@ struct Connection {
 /// A worker's own reusable state.
 struct Worker {
     scratch: Vec<u8>,
+    out: Vec<u8>,
     date: DateCache,
 }
 
@@ -174,6 +177,7 @@ impl<H: Handler> Shared<H> {
     fn work(&self) {
         let mut worker = Worker {
             scratch: vec![0; SCRATCH_BYTES],
+            out: Vec::with_capacity(OUT_BYTES),
             date: DateCache::new(),
         };
         loop {
@@ -228,6 +232,7 @@ impl<H: Handler> Shared<H> {
                 now,
                 stopping: self.stopping.load(Ordering::Relaxed),
                 scratch: &mut worker.scratch,
+                out: &mut worker.out,
                 waker: &make_waker,
                 in_flight: &self.in_flight,
             };
