@@ -59,6 +59,7 @@ pub fn run(config: Config) -> i32 {
         .map_or_else(|_| config.listen.to_string(), |a| a.to_string());
     let server_config = http::Config {
         workers: config.workers,
+        waiting_workers: std::thread::available_parallelism().map_or(1, |cpus| cpus.get()),
         header_timeout: config.header_timeout,
         idle_timeout: config.idle_timeout,
         send_timeout: config.send_timeout,

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crate::conn::{Conn, Context, Io, Limits, Next, Wait};
 use crate::date::DateCache;
 use crate::handler::Handler;
+use crate::pool::{Pool, STUCK};
 use crate::stream::Waker;
 use crate::sys::{self, Epoll, WANT_HANGUP, WANT_READ, WANT_WRITE};
 
@@ -46,6 +47,9 @@ const OUT_BYTES: usize = 20 * 1024;
 pub struct Config {
     /// Worker threads: they run requests, including blocking calls on disks.
     pub workers: usize,
+    /// Workers taking events when none is stuck on a disk (the CPUs); the others stand by to
+    /// replace one that is (see [`crate::pool`]).
+    pub waiting_workers: usize,
     /// From a head's first byte (a new connection's accept) to its end.
     pub header_timeout: Duration,
     /// Between requests.
@@ -100,6 +104,7 @@ pub fn start<H: Handler>(
         in_flight: Arc::new(AtomicUsize::new(0)),
         timekeeper: Condvar::new(),
         timekeeper_lock: Mutex::new(()),
+        pool: Pool::new(config.workers, config.waiting_workers),
         config,
     });
     for index in 0..shared.config.workers {
@@ -107,7 +112,7 @@ pub fn start<H: Handler>(
         thread::Builder::new()
             .name(format!("worker-{index}"))
             .stack_size(WORKER_STACK)
-            .spawn(move || shared.work())?;
+            .spawn(move || shared.work(index))?;
     }
     let keeper = Arc::clone(&shared);
     thread::Builder::new()
@@ -156,6 +161,7 @@ struct Shared<H> {
     in_flight: Arc<AtomicUsize>,
     timekeeper: Condvar,
     timekeeper_lock: Mutex<()>,
+    pool: Pool,
 }
 
 /// A connection and its socket.
@@ -174,13 +180,14 @@ struct Worker {
 }
 
 impl<H: Handler> Shared<H> {
-    fn work(&self) {
+    fn work(&self, index: usize) {
         let mut worker = Worker {
             scratch: vec![0; SCRATCH_BYTES],
             out: Vec::with_capacity(OUT_BYTES),
             date: DateCache::new(),
         };
         loop {
+            self.pool.stand_by_if_spare();
             let token = match self.epoll.wait_one(-1) {
                 Ok(Some(token)) => token,
                 Ok(None) => continue,
@@ -191,6 +198,10 @@ impl<H: Handler> Shared<H> {
                     continue;
                 }
             };
+            if self.pool.run_started(index) {
+                let _guard = lock(&self.timekeeper_lock);
+                self.timekeeper.notify_all();
+            }
             match token {
                 LISTENER => self.accept(&mut worker),
                 WAKE => match self.wakeups.pop(&self.epoll) {
@@ -212,6 +223,7 @@ impl<H: Handler> Shared<H> {
                     }
                 }
             }
+            self.pool.run_ended(index);
         }
     }
 
@@ -333,8 +345,9 @@ impl<H: Handler> Shared<H> {
         }
     }
 
-    /// The timekeeper: hands connections whose deadline passed to the workers, and resumes
-    /// accepting after a backoff.
+    /// The timekeeper: hands connections whose deadline passed to the workers, resumes
+    /// accepting after a backoff, and while runs are under way wakes standby workers to replace
+    /// stuck ones.
     fn keep_time(&self) {
         let shortest = self
             .limits
@@ -343,22 +356,37 @@ impl<H: Handler> Shared<H> {
             .min(self.limits.body_timeout)
             .min(self.limits.send_timeout);
         let every = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut next_sweep = Instant::now() + every;
         loop {
             let paused = *lock(&self.accept_paused_until);
-            let sleep = paused.map_or(every, |until| {
-                until.saturating_duration_since(Instant::now()).min(every)
-            });
-            let guard = lock(&self.timekeeper_lock);
-            drop(self.timekeeper.wait_timeout(guard, sleep));
+            {
+                // Decided under the lock a worker takes to ask for watching: no request is lost.
+                let guard = lock(&self.timekeeper_lock);
+                let now = Instant::now();
+                let mut until = paused.map_or(next_sweep, |paused| paused.min(next_sweep));
+                if self.pool.is_watching() {
+                    until = until.min(now + STUCK);
+                }
+                drop(
+                    self.timekeeper
+                        .wait_timeout(guard, until.saturating_duration_since(now)),
+                );
+            }
             let now = Instant::now();
+            if self.pool.is_watching() {
+                self.pool.watch(now);
+            }
             if paused.is_some_and(|until| now >= until) {
                 *lock(&self.accept_paused_until) = None;
                 self.rearm_listener();
             }
-            let expired = lock(&self.slots).sweep(now);
-            for (token, connection) in expired {
-                self.wakeups
-                    .push(Dispatch::Run(token, Box::new(connection)));
+            if now >= next_sweep {
+                next_sweep = now + every;
+                let expired = lock(&self.slots).sweep(now);
+                for (token, connection) in expired {
+                    self.wakeups
+                        .push(Dispatch::Run(token, Box::new(connection)));
+                }
             }
         }
     }

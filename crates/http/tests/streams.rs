@@ -73,6 +73,7 @@ fn serve(workers: usize) -> (std::net::SocketAddr, mpsc::Receiver<SendError>) {
     let (tx, rx) = mpsc::channel();
     let config = Config {
         workers,
+        waiting_workers: 1,
         header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
         send_timeout: Duration::from_secs(10),

@@ -1,0 +1,194 @@
+//! Which workers wait for events: as many as there are CPUs, plus one replacement for each
+//! worker stuck in a long run (a blocking disk call); the others stand by, asleep.
+//!
+//! Waiting workers cost nothing at rest, but under load every worker asleep in `epoll_wait` is
+//! woken for the next event even when a busy one would have taken it a microsecond later: with
+//! four times as many waiters as CPUs, a keep-alive request paid a context switch. So only
+//! `waiting` workers take events, and the rest exist for the moment some of those block on a
+//! disk: the timekeeper, told when runs are under way, looks every [`STUCK`] and wakes a
+//! standby worker for each waiting one that has been in a single run longer than that. A
+//! worker that finishes finds more workers taking events than needed and goes back to standby.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A run longer than this is presumed blocked on a disk, and its worker replaced.
+pub(crate) const STUCK: Duration = Duration::from_micros(STUCK_MICROS);
+const STUCK_MICROS: u64 = 1000;
+
+/// Workers taking events (not standing by), and wake-ups granted to standby workers.
+struct Taking {
+    count: usize,
+    granted: usize,
+}
+
+pub(crate) struct Pool {
+    /// Workers meant to take events when none is stuck.
+    waiting: usize,
+    /// When each worker's current run started, in microseconds since `epoch` plus one; 0 when
+    /// it is not running anything.
+    runs: Vec<AtomicU64>,
+    epoch: Instant,
+    taking: Mutex<Taking>,
+    standby: Condvar,
+    /// Runs are under way, so the timekeeper looks every [`STUCK`].
+    watching: AtomicBool,
+}
+
+impl Pool {
+    pub(crate) fn new(workers: usize, waiting: usize) -> Pool {
+        Pool {
+            waiting: waiting.clamp(1, workers.max(1)),
+            runs: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            taking: Mutex::new(Taking {
+                count: workers,
+                granted: 0,
+            }),
+            standby: Condvar::new(),
+            watching: AtomicBool::new(false),
+        }
+    }
+
+    /// Worker `index` starts a run. True when the timekeeper must be told to watch.
+    pub(crate) fn run_started(&self, index: usize) -> bool {
+        self.runs[index].store(self.micros(Instant::now()) + 1, Ordering::SeqCst);
+        !self.watching.load(Ordering::SeqCst) && !self.watching.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn run_ended(&self, index: usize) {
+        self.runs[index].store(0, Ordering::Release);
+    }
+
+    /// Between runs: stands by while more workers take events than are needed, until woken.
+    pub(crate) fn stand_by_if_spare(&self) {
+        let mut taking = lock(&self.taking);
+        if taking.count <= self.waiting + self.stuck(Instant::now()) {
+            return;
+        }
+        taking.count -= 1;
+        // `watch` counts a worker back in before granting it a wake-up.
+        let mut taking = self
+            .standby
+            .wait_while(taking, |taking| taking.granted == 0)
+            .unwrap_or_else(|e| e.into_inner());
+        taking.granted -= 1;
+    }
+
+    /// The timekeeper's look while watching: a standby worker woken for each stuck one beyond
+    /// what already replaced it. False once no run is under way (watching stops).
+    pub(crate) fn watch(&self, now: Instant) -> bool {
+        let stuck = self.stuck(now);
+        {
+            let mut taking = lock(&self.taking);
+            while taking.count < self.runs.len() && taking.count < self.waiting + stuck {
+                taking.count += 1;
+                taking.granted += 1;
+                self.standby.notify_one();
+            }
+        }
+        if self.running() {
+            return true;
+        }
+        // Stop, then look again: a run that started meanwhile either sees the flag down (and
+        // raises it) or is seen here.
+        self.watching.store(false, Ordering::SeqCst);
+        if self.running() {
+            self.watching.store(true, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn is_watching(&self) -> bool {
+        self.watching.load(Ordering::SeqCst)
+    }
+
+    fn running(&self) -> bool {
+        self.runs.iter().any(|run| run.load(Ordering::SeqCst) != 0)
+    }
+
+    /// Workers whose current run started longer than [`STUCK`] ago.
+    fn stuck(&self, now: Instant) -> usize {
+        let limit = self.micros(now).saturating_sub(STUCK_MICROS);
+        self.runs
+            .iter()
+            .map(|run| run.load(Ordering::Acquire))
+            .filter(|&started| started != 0 && started - 1 < limit)
+            .count()
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc};
+    use std::thread;
+
+    use super::*;
+
+    fn taking(pool: &Pool) -> usize {
+        lock(&pool.taking).count
+    }
+
+    /// Starts a worker thread that stands by if it is a spare; the receiver hears when it is
+    /// back to taking events.
+    fn worker_between_runs(pool: &Arc<Pool>) -> mpsc::Receiver<()> {
+        let (back, backed) = mpsc::channel();
+        let pool = Arc::clone(pool);
+        thread::spawn(move || {
+            pool.stand_by_if_spare();
+            let _ = back.send(());
+        });
+        backed
+    }
+
+    fn wait_for_taking(pool: &Pool, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while taking(pool) != count {
+            assert!(Instant::now() < deadline, "taking stayed {}", taking(pool));
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_stuck_run_wakes_a_standby_worker_who_stands_by_again_afterwards() {
+        let pool = Arc::new(Pool::new(2, 1));
+        let spare = worker_between_runs(&pool);
+        wait_for_taking(&pool, 1);
+
+        assert!(pool.run_started(0), "the first run asks the timekeeper to watch");
+        assert!(!pool.run_started(0), "watching already");
+        assert!(pool.watch(Instant::now()));
+        assert!(spare.try_recv().is_err(), "a run shorter than STUCK is not replaced");
+
+        assert!(pool.watch(Instant::now() + 5 * STUCK));
+        spare
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the standby worker is woken for the stuck one");
+        assert_eq!(taking(&pool), 2);
+
+        pool.run_ended(0);
+        assert!(!pool.watch(Instant::now()), "no run under way: watching stops");
+        assert!(!pool.is_watching());
+        let again = worker_between_runs(&pool);
+        wait_for_taking(&pool, 1);
+        assert!(again.try_recv().is_err(), "the extra worker went back to standby");
+    }
+
+    #[test]
+    fn the_waiting_workers_never_stand_by() {
+        let pool = Pool::new(4, 2);
+        lock(&pool.taking).count = 2;
+        pool.stand_by_if_spare();
+        assert_eq!(taking(&pool), 2);
+    }
+}
