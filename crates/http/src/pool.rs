@@ -165,10 +165,16 @@ mod tests {
         let spare = worker_between_runs(&pool);
         wait_for_taking(&pool, 1);
 
-        assert!(pool.run_started(0), "the first run asks the timekeeper to watch");
+        assert!(
+            pool.run_started(0),
+            "the first run asks the timekeeper to watch"
+        );
         assert!(!pool.run_started(0), "watching already");
         assert!(pool.watch(Instant::now()));
-        assert!(spare.try_recv().is_err(), "a run shorter than STUCK is not replaced");
+        assert!(
+            spare.try_recv().is_err(),
+            "a run shorter than STUCK is not replaced"
+        );
 
         assert!(pool.watch(Instant::now() + 5 * STUCK));
         spare
@@ -177,11 +183,17 @@ mod tests {
         assert_eq!(taking(&pool), 2);
 
         pool.run_ended(0);
-        assert!(!pool.watch(Instant::now()), "no run under way: watching stops");
+        assert!(
+            !pool.watch(Instant::now()),
+            "no run under way: watching stops"
+        );
         assert!(!pool.is_watching());
         let again = worker_between_runs(&pool);
         wait_for_taking(&pool, 1);
-        assert!(again.try_recv().is_err(), "the extra worker went back to standby");
+        assert!(
+            again.try_recv().is_err(),
+            "the extra worker went back to standby"
+        );
     }
 
     #[test]

@@ -53,7 +53,11 @@ fn serve(workers: usize, waiting_workers: usize) -> SocketAddr {
 
 fn get(addr: SocketAddr, path: &str) -> String {
     let mut socket = TcpStream::connect(addr).unwrap();
-    write!(socket, "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut answer = String::new();
     socket.read_to_string(&mut answer).unwrap();
     answer
