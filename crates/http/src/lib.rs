@@ -1,8 +1,8 @@
 //! sandboxd's HTTP/1.1 server: **the event loop waits, workers only work.**
 //!
 //! A fixed pool of worker threads shares one epoll instance; as many as there are CPUs wait
-//! in it, and the rest stand by to replace any that a disk call holds longer than a
-//! millisecond (so a busy server pays no context switch per request). A worker takes one ready
+//! in it, and the rest stand by to replace any that a disk call holds longer than
+//! 10 ms (so a busy server pays no context switch per request). A worker takes one ready
 //! connection, runs it as far as it can go without waiting — parses a head, asks the
 //! [`Handler`], feeds a body to its consumer, writes an answer, `sendfile`s a file — and the
 //! moment the next step would wait for the peer, the connection goes back to the epoll with its

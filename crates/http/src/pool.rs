@@ -9,13 +9,14 @@
 //! standby worker for each waiting one that has been in a single run longer than that. A
 //! worker that finishes finds more workers taking events than needed and goes back to standby.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// A run longer than this is presumed blocked on a disk, and its worker replaced.
+/// Long enough that a fast transfer's turn (a few MiB) is not taken for one.
 pub(crate) const STUCK: Duration = Duration::from_micros(STUCK_MICROS);
-const STUCK_MICROS: u64 = 1000;
+const STUCK_MICROS: u64 = 10_000;
 
 /// Workers taking events (not standing by), and wake-ups granted to standby workers.
 struct Taking {
@@ -31,6 +32,8 @@ pub(crate) struct Pool {
     runs: Vec<AtomicU64>,
     epoch: Instant,
     taking: Mutex<Taking>,
+    /// `taking.count`, readable without the lock: most of the time no worker is spare.
+    taking_now: AtomicUsize,
     standby: Condvar,
     /// Runs are under way, so the timekeeper looks every [`STUCK`].
     watching: AtomicBool,
@@ -46,6 +49,7 @@ impl Pool {
                 count: workers,
                 granted: 0,
             }),
+            taking_now: AtomicUsize::new(workers),
             standby: Condvar::new(),
             watching: AtomicBool::new(false),
         }
@@ -63,11 +67,15 @@ impl Pool {
 
     /// Between runs: stands by while more workers take events than are needed, until woken.
     pub(crate) fn stand_by_if_spare(&self) {
+        if self.taking_now.load(Ordering::Relaxed) <= self.waiting {
+            return;
+        }
         let mut taking = lock(&self.taking);
         if taking.count <= self.waiting + self.stuck(Instant::now()) {
             return;
         }
         taking.count -= 1;
+        self.taking_now.store(taking.count, Ordering::Relaxed);
         // `watch` counts a worker back in before granting it a wake-up.
         let mut taking = self
             .standby
@@ -87,6 +95,7 @@ impl Pool {
                 taking.granted += 1;
                 self.standby.notify_one();
             }
+            self.taking_now.store(taking.count, Ordering::Relaxed);
         }
         if self.running() {
             return true;
