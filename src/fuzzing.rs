@@ -187,3 +187,45 @@ fn parse_multipart(
         pending.drain(..used);
     }
 }
+
+/// gzip bodies (`Content-Encoding: gzip` uploads): fed whole into a large buffer or in pieces
+/// into a small one, the decoder must give the same bytes and the same verdict, and always
+/// progress. The first byte picks the piece and buffer sizes; decoding stops at 64 MiB of
+/// output so that a bomb in the corpus costs time, not the fuzzer's memory.
+pub fn gzip(data: &[u8]) {
+    let Some((&sizes, body)) = data.split_first() else {
+        return;
+    };
+    let whole = inflate(body, body.len().max(1), 64 * 1024);
+    let split = inflate(
+        body,
+        usize::from(sizes & 0x0f) + 1,
+        usize::from(sizes >> 4) * 97 + 1,
+    );
+    assert_eq!(whole, split);
+}
+
+fn inflate(body: &[u8], piece: usize, out_len: usize) -> Result<Vec<u8>, String> {
+    use crate::api::upload::gzip::Decoder;
+    const LIMIT: usize = 64 << 20;
+    let mut decoder = Decoder::default();
+    let mut out = vec![0; out_len];
+    let mut decoded = Vec::new();
+    for mut chunk in body.chunks(piece) {
+        loop {
+            let (used, made) = decoder.feed(chunk, &mut out).map_err(|e| e.to_string())?;
+            assert!(used <= chunk.len() && made <= out.len());
+            assert!(used > 0 || made > 0 || chunk.is_empty(), "no progress");
+            decoded.extend_from_slice(&out[..made]);
+            if decoded.len() > LIMIT {
+                return Err("over the limit".into());
+            }
+            chunk = &chunk[used..];
+            if chunk.is_empty() && made < out.len() {
+                break;
+            }
+        }
+    }
+    decoder.finish().map_err(|e| e.to_string())?;
+    Ok(decoded)
+}

@@ -59,7 +59,7 @@ use crate::http::{Action, Head, Response};
 ///   gate). Have, through `--init-token-hash-file`.
 /// - 0.5.1–0.5.2: `Content-Disposition` on downloads, `volumeMounts` accepted by `/init` (only
 ///   sent from 0.5.14 on). Have.
-/// - 0.5.3: `Content-Encoding: gzip` uploads. **Missing**: a gzip upload is 415 today.
+/// - 0.5.3: `Content-Encoding: gzip` uploads. Have.
 /// - 0.5.5 `/files/compose`, 0.5.7 raw `application/octet-stream` uploads (the SDKs' default
 ///   for streams, and their only way to send gzip), 0.5.9 `mem_cache`. Have.
 /// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on).
@@ -67,17 +67,18 @@ use crate::http::{Action, Head, Response};
 /// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on).
 ///   **Missing**.
 /// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
-/// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). **Missing**.
+/// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). Have, but
+///   0.6.2 also means everything above.
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd,
 ///   are missing entirely (501, SPEC §9b); their SDK gates (0.1.4, 0.3.0, 0.5.2, 0.6.3, 0.6.4)
 ///   change nothing for a client that cannot reach them anyway.
 ///
-/// Hence 0.5.2: with it the SDKs send multipart uploads (which sandboxd has) and fall back from
-/// `gzip=True` to an uncompressed upload instead of sending gzip, and neither E2B's API nor its
-/// orchestrator turns on a feature sandboxd would silently drop. Once gzip uploads land this can
-/// be 0.5.12; 0.6.2 (SPEC's example) needs `caBundle`, `volumeMounts`, `/freeze`, `/unfreeze`
-/// and metadata too.
-pub const ENVD_VERSION: &str = "0.5.2";
+/// Hence 0.5.12, the last level before the first gap (0.5.13): with it the SDKs send raw
+/// `application/octet-stream` uploads for streams and gzip ones for `gzip=True` (which sandboxd
+/// has), and neither E2B's API nor its orchestrator turns on a feature sandboxd would silently
+/// drop. They still refuse `metadata=` on the client side, although sandboxd stores it: 0.6.2
+/// (SPEC's example) needs `caBundle`, `volumeMounts`, `/freeze` and `/unfreeze` too.
+pub const ENVD_VERSION: &str = "0.5.12";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]

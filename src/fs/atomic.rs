@@ -3,9 +3,12 @@
 //! A [`Staged`] file is written where no reader sees it: an unnamed `O_TMPFILE` file in the
 //! destination's directory, or, where the filesystem has no `O_TMPFILE` (or there is no `/proc`
 //! to name one through), a named temporary (`fs::temp`). Before any byte is written it has its
-//! owner (the user) and its mode: the permission bits (`0777` part) of the regular file it is
-//! about to replace, else exactly 0644 whatever the umask (SPEC §4, §8). Set-user-ID, set-group-ID
-//! and sticky bits are never carried over to new contents.
+//! user metadata (exactly the set given, `fs::user_metadata`), its owner (the user) and its
+//! mode: the permission bits (`0777` part) of the regular file it is about to replace, else
+//! exactly 0644 whatever the umask (SPEC §4, §8). Set-user-ID, set-group-ID and sticky bits are
+//! never carried over to new contents, nor is anything of the replaced file's metadata: the
+//! staged file is always a new inode, so it appears with its metadata in the same step as its
+//! contents.
 //!
 //! [`Staged::commit`] makes the data durable (`fsync`), names it, and syncs the directory, so a
 //! reader sees either the old file or the whole new one. Naming: a destination that does not
@@ -33,6 +36,7 @@ use std::sync::OnceLock;
 use crate::error::ApiError;
 use crate::fs::dirs;
 use crate::fs::temp::{self, TempPath};
+use crate::fs::user_metadata::UserMetadata;
 use crate::sys;
 
 /// The mode of every new file sandboxd writes (SPEC §4).
@@ -55,12 +59,18 @@ pub struct Staged {
 }
 
 impl Staged {
-    /// Creates the missing parents of `destination` (SPEC §4) and the file to write, owned by
-    /// uid:gid, with the permission bits of the regular file now at `destination` (not
-    /// following a symlink there, which is replaced) or 0644. A destination without a file
-    /// name (`/`) is a directory: 400. Hands the directory to the sweeper (`fs::temp`).
-    pub fn create(destination: &Path, uid: u32, gid: u32) -> Result<Staged, ApiError> {
-        Staged::create_as(destination, uid, gid, unnamed_possible())
+    /// Creates the missing parents of `destination` (SPEC §4) and the file to write, with
+    /// exactly `metadata` as its `user.e2b.*` attributes, owned by uid:gid, with the permission
+    /// bits of the regular file now at `destination` (not following a symlink there, which is
+    /// replaced) or 0644. A destination without a file name (`/`) is a directory: 400. Hands
+    /// the directory to the sweeper (`fs::temp`).
+    pub fn create(
+        destination: &Path,
+        uid: u32,
+        gid: u32,
+        metadata: &UserMetadata,
+    ) -> Result<Staged, ApiError> {
+        Staged::create_as(destination, uid, gid, metadata, unnamed_possible())
     }
 
     /// [`create`](Self::create), trying `O_TMPFILE` only when `try_unnamed`.
@@ -68,6 +78,7 @@ impl Staged {
         destination: &Path,
         uid: u32,
         gid: u32,
+        metadata: &UserMetadata,
         try_unnamed: bool,
     ) -> Result<Staged, ApiError> {
         let (Some(dir), Some(name)) = (destination.parent(), destination.file_name()) else {
@@ -102,6 +113,7 @@ impl Staged {
                 (file, Some(temp))
             }
         };
+        metadata.apply(&file, destination)?;
         // Exactly that mode whatever the umask, and the user's, before any byte is written.
         file.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(fail)?;
@@ -313,6 +325,10 @@ mod tests {
         fs::metadata(path).unwrap().mode() & 0o7777
     }
 
+    fn none() -> UserMetadata {
+        UserMetadata::default()
+    }
+
     /// Both ways of staging: unnamed (`O_TMPFILE`) and named.
     const WAYS: [bool; 2] = [true, false];
 
@@ -326,7 +342,7 @@ mod tests {
             fs::set_permissions(&dest, fs::Permissions::from_mode(0o644)).unwrap();
             let old_ino = fs::metadata(&dest).unwrap().ino();
             let (uid, gid) = owner(dir.path());
-            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            let staged = Staged::create_as(&dest, uid, gid, &none(), unnamed).unwrap();
             assert_eq!(staged.temp.is_none(), unnamed);
             staged.file().write_all(b"new").unwrap();
             assert_eq!(fs::read(&dest).unwrap(), b"old");
@@ -345,7 +361,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let dest = dir.path().join("fresh");
             let (uid, gid) = owner(dir.path());
-            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            let staged = Staged::create_as(&dest, uid, gid, &none(), unnamed).unwrap();
             staged.file().write_all(b"whole").unwrap();
             // Unnamed: nothing at all in the directory until placed.
             assert_eq!(names(dir.path()).len(), usize::from(!unnamed));
@@ -370,7 +386,7 @@ mod tests {
                 let dest = dir.path().join("f");
                 fs::write(&dest, b"old").unwrap();
                 fs::set_permissions(&dest, fs::Permissions::from_mode(before)).unwrap();
-                let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+                let staged = Staged::create_as(&dest, uid, gid, &none(), unnamed).unwrap();
                 staged.commit().unwrap();
                 assert_eq!(mode(&dest), after, "{before:o}");
             }
@@ -379,7 +395,7 @@ mod tests {
             fs::write(&target, b"s").unwrap();
             fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
             std::os::unix::fs::symlink(&target, dir.path().join("link")).unwrap();
-            Staged::create_as(&dir.path().join("link"), uid, gid, unnamed)
+            Staged::create_as(&dir.path().join("link"), uid, gid, &none(), unnamed)
                 .unwrap()
                 .commit()
                 .unwrap();
@@ -395,11 +411,11 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let dest = dir.path().join("a/b/out");
             let (uid, gid) = owner(dir.path());
-            let staged = Staged::create_as(&dest, uid, gid, unnamed).unwrap();
+            let staged = Staged::create_as(&dest, uid, gid, &none(), unnamed).unwrap();
             staged.file().write_all(b"partial").unwrap();
             drop(staged);
             assert!(names(&dir.path().join("a/b")).is_empty());
-            let finished = Staged::create_as(&dest, uid, gid, unnamed)
+            let finished = Staged::create_as(&dest, uid, gid, &none(), unnamed)
                 .unwrap()
                 .finish()
                 .unwrap();
@@ -407,7 +423,7 @@ mod tests {
             drop(finished);
             assert!(names(&dir.path().join("a/b")).is_empty());
         }
-        assert!(Staged::create(Path::new("/"), 0, 0).is_err());
+        assert!(Staged::create(Path::new("/"), 0, 0, &none()).is_err());
     }
 
     #[test]
@@ -419,9 +435,14 @@ mod tests {
             let open_before = fs::read_dir("/proc/self/fd").unwrap().count();
             let mut finished = Vec::new();
             for i in 0..50 {
-                let staged =
-                    Staged::create_as(&dir.path().join(format!("p{i}")), uid, gid, unnamed)
-                        .unwrap();
+                let staged = Staged::create_as(
+                    &dir.path().join(format!("p{i}")),
+                    uid,
+                    gid,
+                    &none(),
+                    unnamed,
+                )
+                .unwrap();
                 staged
                     .file()
                     .write_all(format!("part {i}").as_bytes())

@@ -25,6 +25,8 @@
 //!   path already gone (two paths to one file) is not an error. A source that cannot be deleted
 //!   after the destination is in place is logged and the compose still succeeds.
 //! - Parent directories created for the destination stay if the compose then fails.
+//! - The new file has no user metadata (`user.e2b.*`), whatever the sources or the replaced
+//!   destination had: like envd's compose, it is a new file.
 
 use std::collections::HashMap;
 use std::fs::{self, File, Metadata, OpenOptions};
@@ -35,6 +37,7 @@ use std::path::{Path, PathBuf};
 use crate::error::ApiError;
 use crate::fs::atomic::Staged;
 use crate::fs::copy::Appender;
+use crate::fs::user_metadata::UserMetadata;
 
 /// A compose that passed validation, holding its sources open.
 #[derive(Debug)]
@@ -154,7 +157,7 @@ impl Plan {
     /// as they were.
     pub fn run(&self, uid: u32, gid: u32) -> Result<(), ApiError> {
         let destination = &self.destination;
-        let staged = Staged::create(destination, uid, gid)?;
+        let staged = Staged::create(destination, uid, gid, &UserMetadata::default())?;
         let meta = staged.file().metadata().map_err(|e| staged.error(&e))?;
         let mut appender = Appender::new(&meta);
         let mut offset = 0u64;

@@ -6,8 +6,8 @@
 //! `atomic` owns placing a new file for compose and upload (an unnamed `O_TMPFILE` file or a
 //! named temporary, its mode and owner, fsync, naming it, fsync of the directory), `compose` owns
 //! the crash-safe concatenation and which sources it may delete, `copy` the zero-copy append
-//! under it, and `temp` the temporary names beside a destination and the sweeper thread that
-//! removes stale ones.
+//! under it, `temp` the temporary names beside a destination and the sweeper thread that
+//! removes stale ones, and `user_metadata` the `user.e2b.*` attributes an upload sets.
 
 pub mod atomic;
 pub mod compose;
@@ -15,4 +15,5 @@ pub mod copy;
 pub mod dirs;
 pub mod paths;
 pub mod temp;
+pub mod user_metadata;
 pub mod users;

@@ -10,6 +10,7 @@ pub mod env;
 pub mod file;
 pub mod process;
 pub mod statvfs;
+pub mod xattr;
 
 use std::io;
 

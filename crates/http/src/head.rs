@@ -146,6 +146,13 @@ impl Head {
             .map(|(_, v)| &self.bytes[v.clone()])
     }
 
+    /// Every header as (name, value), in order.
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.headers
+            .iter()
+            .map(|(n, v)| (&self.bytes[n.clone()], &self.bytes[v.clone()]))
+    }
+
     /// True when a comma-separated header such as `Connection` lists `token`.
     pub fn header_has_token(&self, name: &str, token: &str) -> bool {
         self.headers_named(name).any(|value| {

@@ -1,14 +1,27 @@
 //! `POST /files`: uploading files (SPEC §8), streamed to disk and placed atomically.
 //!
 //! This module owns the request: access (token or a signed URL for `write`), the body's
-//! encoding and type, the paths, and moving the bytes from the body to each file. Parsing
-//! multipart is `http::multipart`'s; the temporary, fsync and rename are `fs::atomic`'s. Access,
-//! type and paths are checked from the head, before any byte of the body is read; the body is
-//! then fed to an [`http::BodySink`](crate::http::BodySink) as it arrives (the connection waits
-//! for the peer in the event loop, never in a worker) and is never held in memory: a raw body
-//! goes straight to its file, a multipart one through a buffer of [`BUFFER_BYTES`].
+//! encoding and type, the metadata headers, the paths, and moving the bytes from the body to
+//! each file. Parsing multipart is `http::multipart`'s; inflating a gzip body is `inflating`'s
+//! (a sink in front of the others); the rules of metadata are `fs::user_metadata`'s; the
+//! temporary, fsync and rename are `fs::atomic`'s. Access, encoding, type, metadata and paths
+//! are checked from the head, before any byte of the body is read; the body is then fed to an
+//! [`http::BodySink`](crate::http::BodySink) as it arrives (the connection waits for the peer in
+//! the event loop, never in a worker) and is never held in memory: a raw body goes straight to
+//! its file, a multipart one through a buffer of [`BUFFER_BYTES`], a gzip one through
+//! [`inflating::CHUNK_BYTES`] first.
 //!
 //! Decisions where SPEC and envd leave room:
+//! - `Content-Encoding` may list `identity` any number of times and `gzip` (or its old name
+//!   `x-gzip`, RFC 9110 §8.4.1.3) once; anything else (`br`, `deflate`, `zstd`, `gzip` twice)
+//!   is 415 naming the supported codings. (envd answers 400 and reads only the first header.)
+//! - `X-Metadata-<Key>: <value>` headers, as envd reads them: the key is the rest of the name,
+//!   lower-cased; `X-Metadata-` alone is ignored; a key sent twice keeps its first value. The
+//!   same set goes on every file of a multipart request, and each entry of the answer carries
+//!   it as `"metadata"` when it is not empty. Unlike envd, which writes the attributes after
+//!   the data and only logs a filesystem without them, a file appears with its metadata or not
+//!   at all: the attributes are set on the staged file before any byte, and a filesystem
+//!   without extended attributes is 400 when metadata is asked for.
 //! - No `Content-Type` is taken as `application/octet-stream` (RFC 9110 §8.3), so `curl -T`
 //!   works as is; any other type than these two is 400.
 //! - A multipart request is all or nothing: every `file` part is written and synced to its own
@@ -37,9 +50,15 @@ use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::atomic::{self, Finished, Staged};
 use crate::fs::dirs;
+use crate::fs::user_metadata::UserMetadata;
 use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
 use crate::http::{Action, BodySink, Head, Response};
+
+pub mod gzip;
+pub mod inflating;
+
+use inflating::Inflating;
 
 /// The buffer a multipart body passes through.
 pub const BUFFER_BYTES: usize = 256 * 1024;
@@ -51,17 +70,21 @@ enum Kind {
     Multipart(Vec<u8>),
 }
 
+/// The header prefix of metadata (compared without case).
+const METADATA_HEADER: &[u8] = b"x-metadata-";
+
 /// Starts `POST /files` from its head.
 ///
 /// Order of checks: query decoding (400), access (401), `Content-Encoding` (415),
-/// `Content-Type` (400), user (401), path (400); then the body.
+/// `Content-Type` (400), user (401), metadata (400), path (400); then the body.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
     app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
-    check_encoding(head)?;
+    let gzip = gzip_encoded(head)?;
     let kind = body_kind(head)?;
     let resolver = app.resolver(query.get("username"))?;
+    let metadata = metadata(head)?;
     let sink: Box<dyn BodySink> = match kind {
         Kind::Raw => {
             let raw = raw_path.ok_or_else(|| {
@@ -73,7 +96,8 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             check_target(&destination)?;
             let user = &resolver.user;
             Box::new(RawUpload {
-                staged: Staged::create(&destination, user.uid, user.gid)?,
+                staged: Staged::create(&destination, user.uid, user.gid, &metadata)?,
+                metadata,
             })
         }
         Kind::Multipart(boundary) => Box::new(MultipartUpload {
@@ -81,32 +105,61 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             buffer: Vec::with_capacity(BUFFER_BYTES),
             query_path: raw_path.map(str::to_owned),
             resolver,
+            metadata,
             current: None,
             finished: Vec::new(),
             seen: HashSet::new(),
             ended: false,
         }),
     };
-    Ok(Action::Consume(sink))
+    Ok(Action::Consume(if gzip {
+        Box::new(Inflating::new(sink))
+    } else {
+        sink
+    }))
 }
 
-/// 415 for any coding but identity: sandboxd ships no decompressor.
-fn check_encoding(head: &Head) -> Result<(), ApiError> {
+/// Whether the body is gzip; 415 for any other coding than identity, and for gzip twice.
+fn gzip_encoded(head: &Head) -> Result<bool, ApiError> {
+    let mut gzip = false;
     for value in head.headers_named("content-encoding") {
         for coding in value.split(|&b| b == b',').map(|c| c.trim_ascii()) {
-            if !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity") {
-                return Err(ApiError::new(
-                    415,
-                    format!(
-                        "unsupported Content-Encoding '{}': sandboxd has no decompressor, send \
-                         the body uncompressed",
-                        String::from_utf8_lossy(coding)
-                    ),
-                ));
+            if coding.is_empty() || coding.eq_ignore_ascii_case(b"identity") {
+                continue;
             }
+            let is_gzip =
+                coding.eq_ignore_ascii_case(b"gzip") || coding.eq_ignore_ascii_case(b"x-gzip");
+            if is_gzip && !gzip {
+                gzip = true;
+                continue;
+            }
+            let what = if is_gzip {
+                "gzip applied twice".to_owned()
+            } else {
+                format!("'{}'", String::from_utf8_lossy(coding))
+            };
+            return Err(ApiError::new(
+                415,
+                format!(
+                    "unsupported Content-Encoding {what}: the supported codings are identity \
+                     and gzip"
+                ),
+            ));
         }
     }
-    Ok(())
+    Ok(gzip)
+}
+
+/// The metadata of the `X-Metadata-<Key>` headers; 400 `invalid metadata: ...`.
+fn metadata(head: &Head) -> Result<UserMetadata, ApiError> {
+    let pairs = head.headers().filter_map(|(name, value)| {
+        let prefix = name.get(..METADATA_HEADER.len())?;
+        prefix
+            .eq_ignore_ascii_case(METADATA_HEADER)
+            .then(|| (&name[METADATA_HEADER.len()..], value))
+    });
+    UserMetadata::from_pairs(pairs)
+        .map_err(|reason| ApiError::bad_request(format!("invalid metadata: {reason}")))
 }
 
 fn body_kind(head: &Head) -> Result<Kind, ApiError> {
@@ -145,9 +198,16 @@ fn check_target(path: &Path) -> Result<(), ApiError> {
     }
 }
 
-/// The 200 answer: one entry per file written.
-fn written(paths: &[PathBuf]) -> Response {
-    let records: Vec<serde_json::Value> = paths.iter().map(|p| dirs::file_record(p)).collect();
+/// The 200 answer: one entry per file written, with its metadata when there is any.
+fn written(paths: &[PathBuf], metadata: &UserMetadata) -> Response {
+    let record = |path: &PathBuf| {
+        let mut record = dirs::file_record(path);
+        if let Some(fields) = record.as_object_mut().filter(|_| !metadata.is_empty()) {
+            fields.insert("metadata".into(), metadata.to_json());
+        }
+        record
+    };
+    let records: Vec<serde_json::Value> = paths.iter().map(record).collect();
     Response::json(
         200,
         serde_json::Value::Array(records).to_string().into_bytes(),
@@ -157,6 +217,7 @@ fn written(paths: &[PathBuf]) -> Response {
 /// A raw body, as is, into its file.
 struct RawUpload {
     staged: Staged,
+    metadata: UserMetadata,
 }
 
 impl BodySink for RawUpload {
@@ -169,7 +230,7 @@ impl BodySink for RawUpload {
     fn end(self: Box<Self>) -> Response {
         let destination = self.staged.destination().to_path_buf();
         match self.staged.commit() {
-            Ok(()) => written(&[destination]),
+            Ok(()) => written(&[destination], &self.metadata),
             Err(error) => error.into(),
         }
     }
@@ -182,6 +243,8 @@ struct MultipartUpload {
     buffer: Vec<u8>,
     query_path: Option<String>,
     resolver: Resolver,
+    /// Set on every file of the request.
+    metadata: UserMetadata,
     current: Option<Staged>,
     finished: Vec<Finished>,
     seen: HashSet<PathBuf>,
@@ -267,7 +330,7 @@ impl MultipartUpload {
         }
         check_target(&destination)?;
         let user = &self.resolver.user;
-        Staged::create(&destination, user.uid, user.gid)
+        Staged::create(&destination, user.uid, user.gid, &self.metadata)
     }
 
     /// The body ended: every part placed, or none.
@@ -286,10 +349,105 @@ impl MultipartUpload {
             .map(|s| s.destination().to_path_buf())
             .collect();
         atomic::place_all(std::mem::take(&mut self.finished))?;
-        Ok(written(&paths))
+        Ok(written(&paths, &self.metadata))
     }
 }
 
 fn malformed(err: multipart::MultipartError) -> ApiError {
     ApiError::bad_request(format!("malformed multipart body: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(fields: &str) -> Head {
+        let raw = format!("POST /files?path=a HTTP/1.1\r\nHost: t\r\n{fields}\r\n");
+        Head::parse(raw.as_bytes()).unwrap().unwrap().0
+    }
+
+    #[test]
+    fn metadata_comes_from_x_metadata_headers_in_any_case() {
+        let found = metadata(&head(
+            "X-Metadata-Owner: sdk-test\r\nx-metadata-purpose: a check\r\n\
+             X-METADATA-owner: second\r\nX-Metadata-: nameless\r\nX-Metadata: no dash\r\n\
+             X-Access-Token: secret\r\nX-Metadatax-no: not a prefix\r\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            found.to_json().to_string(),
+            r#"{"owner":"sdk-test","purpose":"a check"}"#
+        );
+        assert!(metadata(&head("")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn invalid_metadata_is_400_naming_the_reason() {
+        let long = format!("X-Metadata-{}: v\r\n", "k".repeat(247));
+        let cases = [
+            (
+                long.as_str(),
+                format!("key '{}' is 247 bytes long, more than 246", "k".repeat(247)),
+            ),
+            (
+                "X-Metadata-Note: tab\there\r\n",
+                "the value of key 'note' has byte 0x09 at offset 3, not printable ASCII".into(),
+            ),
+            (
+                "X-Metadata-Note: caf\u{e9}\r\n",
+                "the value of key 'note' has byte 0xc3 at offset 3, not printable ASCII".into(),
+            ),
+        ];
+        for (fields, reason) in cases {
+            assert_eq!(
+                metadata(&head(fields)),
+                Err(ApiError::bad_request(format!("invalid metadata: {reason}")))
+            );
+        }
+        let big = format!("X-Metadata-Big: {}\r\n", "v".repeat(4096));
+        assert!(metadata(&head(&big))
+            .unwrap_err()
+            .message
+            .starts_with("invalid metadata: the metadata takes 4108 bytes"));
+    }
+
+    #[test]
+    fn content_encoding_is_identity_or_gzip_once() {
+        for (fields, gzip) in [
+            ("", false),
+            ("Content-Encoding: identity\r\n", false),
+            ("Content-Encoding: gzip\r\n", true),
+            ("Content-Encoding: GZIP\r\n", true),
+            ("Content-Encoding: x-gzip\r\n", true),
+            ("Content-Encoding: identity, gzip\r\n", true),
+            (
+                "Content-Encoding: gzip\r\nContent-Encoding: identity\r\n",
+                true,
+            ),
+        ] {
+            assert_eq!(gzip_encoded(&head(fields)), Ok(gzip), "{fields}");
+        }
+        for (fields, what) in [
+            ("Content-Encoding: br\r\n", "'br'"),
+            ("Content-Encoding: deflate\r\n", "'deflate'"),
+            ("Content-Encoding: gzip, zstd\r\n", "'zstd'"),
+            ("Content-Encoding: gzip, gzip\r\n", "gzip applied twice"),
+            (
+                "Content-Encoding: gzip\r\nContent-Encoding: x-gzip\r\n",
+                "gzip applied twice",
+            ),
+        ] {
+            assert_eq!(
+                gzip_encoded(&head(fields)),
+                Err(ApiError::new(
+                    415,
+                    format!(
+                        "unsupported Content-Encoding {what}: the supported codings are \
+                         identity and gzip"
+                    )
+                )),
+                "{fields}"
+            );
+        }
+    }
 }
