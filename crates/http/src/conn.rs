@@ -314,7 +314,12 @@ impl Conn {
             .min(MAX_HEAD_BYTES + 1 - self.inbuf.len())
             .min(cx.scratch.len());
         match io.recv(&mut cx.scratch[..want]) {
-            Ok(0) => Step::Close,
+            Ok(0) => match Head::parse(&self.inbuf) {
+                // The peer stopped sending in the middle of a head that was already malformed
+                // (not yet parsed, as no blank line came): refused as if it had come whole.
+                Err(error) if !self.inbuf.is_empty() => self.refuse(None, Error::Head(error), cx),
+                _ => Step::Close,
+            },
             Ok(n) => {
                 if let Phase::Idle { .. } = self.phase {
                     self.phase = Phase::Head {
@@ -1234,12 +1239,14 @@ mod tests {
 
     #[test]
     fn answers_do_not_depend_on_how_the_input_is_split() {
-        let inputs: [&[u8]; 5] = [
+        let inputs: [&[u8]; 6] = [
             b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nPOST /collect HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nabGET /b HTTP/1.1\r\nHost: h\r\n\r\n",
             b"POST /sink HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX: y\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n",
             b"\x16\x03\x01\x02\x00garbage",
             b"GET / HTTP/1.1\r\nHost: h\r\nX: \x01\r\n\r\n",
             b"POST /sink HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\na!cdGET /z HTTP/1.1\r\nHost: h\r\n\r\n",
+            // Found by the fuzzer: malformed after its first byte, then the peer stops.
+            b"A\x0f\n",
         ];
         for input in inputs {
             for seed in 0..31u8 {
