@@ -8,6 +8,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod connect;
 pub mod daemon;
 pub mod error;
 pub mod fs;

@@ -135,8 +135,15 @@ impl StreamSender {
     }
 
     /// Ends the body once the queued bytes are sent.
-    pub fn finish(mut self) {
+    pub fn finish(self) {
+        self.finish_with(&[]);
+    }
+
+    /// Ends the body with `last` after the queued bytes, even past the capacity: a producer's
+    /// closing words (a protocol's end-of-stream message) are never refused for a full queue.
+    pub fn finish_with(mut self, last: &[u8]) {
         self.finished = true;
+        self.shared.lock().queued.extend_from_slice(last);
         self.shared.end(End::Finished);
     }
 }

@@ -1,0 +1,181 @@
+//! Connect's envelopes: a flags byte, a 4-byte big-endian length, then the message. Streaming
+//! calls carry every message in one; the answer's last one has [`END_STREAM`] set and holds the
+//! call's outcome.
+
+use super::{Code, Error, MAX_REQUEST_BYTES};
+
+/// The message is compressed (never, here: compression is refused from the head).
+pub const COMPRESSED: u8 = 0x01;
+/// The end-of-stream message: `{}` or `{"error":{...}}`, and optional `metadata`.
+pub const END_STREAM: u8 = 0x02;
+const PREFIX: usize = 5;
+
+/// One envelope around `message`.
+pub fn encode(flags: u8, message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PREFIX + message.len());
+    out.push(flags);
+    // Messages are built here from bounded parts; a length past u32 cannot be framed at all.
+    let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// A received envelope.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Envelope {
+    pub flags: u8,
+    pub message: Vec<u8>,
+}
+
+/// Splits a byte stream into envelopes, whatever the pieces it arrives in.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buffer: Vec<u8>,
+}
+
+impl Decoder {
+    /// Takes in `bytes`; returns the envelopes they complete, in order.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Envelope>, Error> {
+        self.buffer.extend_from_slice(bytes);
+        let mut envelopes = Vec::new();
+        let mut start = 0;
+        while let Some((flags, len)) = prefix(&self.buffer[start..])? {
+            let end = start + PREFIX + len;
+            if self.buffer.len() < end {
+                break;
+            }
+            envelopes.push(Envelope {
+                flags,
+                message: self.buffer[start + PREFIX..end].to_vec(),
+            });
+            start = end;
+        }
+        self.buffer.drain(..start);
+        Ok(envelopes)
+    }
+
+    /// True when no partial envelope is held.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+}
+
+/// The flags and length of the envelope at the start of `bytes`, once its prefix is complete.
+fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
+    let Some(head) = bytes.get(..PREFIX) else {
+        return Ok(None);
+    };
+    let flags = head[0];
+    if flags & !(COMPRESSED | END_STREAM) != 0 {
+        return Err(Error::invalid_argument(format!(
+            "malformed envelope: unknown flags {flags:#04x}"
+        )));
+    }
+    if flags & COMPRESSED != 0 {
+        return Err(Error::new(
+            Code::Unimplemented,
+            "compressed messages are not supported",
+        ));
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if len > MAX_REQUEST_BYTES {
+        return Err(Error::new(
+            Code::ResourceExhausted,
+            format!("a message of {len} bytes is over the limit of {MAX_REQUEST_BYTES}"),
+        ));
+    }
+    Ok(Some((flags, len)))
+}
+
+/// The one message of a server-streaming call's request body.
+pub fn single_message(body: &[u8]) -> Result<&[u8], Error> {
+    let malformed = |what: &str| Error::invalid_argument(format!("malformed request: {what}"));
+    let (flags, len) = prefix(body)?.ok_or_else(|| malformed("no envelope"))?;
+    if flags & END_STREAM != 0 {
+        return Err(malformed("an end-of-stream envelope from the client"));
+    }
+    match body.len().checked_sub(PREFIX + len) {
+        Some(0) => Ok(&body[PREFIX..]),
+        Some(_) => Err(malformed("bytes after the request message")),
+        None => Err(malformed("the request message is cut short")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_decode_the_same_however_the_bytes_are_split() {
+        let mut stream = encode(0, br#"{"a":1}"#);
+        stream.extend(encode(0, b""));
+        stream.extend(encode(END_STREAM, b"{}"));
+        let expected = vec![
+            Envelope {
+                flags: 0,
+                message: br#"{"a":1}"#.to_vec(),
+            },
+            Envelope {
+                flags: 0,
+                message: Vec::new(),
+            },
+            Envelope {
+                flags: END_STREAM,
+                message: b"{}".to_vec(),
+            },
+        ];
+        for step in 1..=stream.len() {
+            let mut decoder = Decoder::default();
+            let mut got = Vec::new();
+            for piece in stream.chunks(step) {
+                got.extend(decoder.push(piece).unwrap());
+            }
+            assert_eq!(got, expected, "split every {step} bytes");
+            assert!(decoder.is_empty());
+        }
+        // Split at every single position into two pieces.
+        for at in 0..=stream.len() {
+            let mut decoder = Decoder::default();
+            let mut got = decoder.push(&stream[..at]).unwrap();
+            got.extend(decoder.push(&stream[at..]).unwrap());
+            assert_eq!(got, expected, "split at {at}");
+        }
+    }
+
+    #[test]
+    fn encoding_is_flags_length_message() {
+        assert_eq!(encode(2, b"{}"), vec![2, 0, 0, 0, 2, b'{', b'}']);
+    }
+
+    #[test]
+    fn compressed_and_oversized_envelopes_are_refused() {
+        let error = Decoder::default().push(&[1, 0, 0, 0, 0]).unwrap_err();
+        assert_eq!(error.code, Code::Unimplemented);
+        let error = Decoder::default()
+            .push(&[0, 0xff, 0xff, 0xff, 0xff])
+            .unwrap_err();
+        assert_eq!(error.code, Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn a_request_body_is_exactly_one_message() {
+        assert_eq!(single_message(&encode(0, b"{}")).unwrap(), b"{}");
+        let mut two = encode(0, b"{}");
+        two.extend(encode(0, b"{}"));
+        for bad in [
+            &b""[..],
+            &[0, 0, 0],
+            &[0, 0, 0, 0, 3, b'{'],
+            &two,
+            &encode(END_STREAM, b"{}"),
+        ] {
+            assert_eq!(
+                single_message(bad).unwrap_err().code,
+                Code::InvalidArgument,
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! proto3's JSON mapping, for the message types the services write in this project's words:
+//! field names in lowerCamelCase (`#[serde(rename_all = "camelCase")]` on each message), absent
+//! fields default (`#[serde(default)]`), unknown fields ignored (serde's default), and here the
+//! types whose JSON form differs from serde's: 64-bit integers as strings ([`int64`],
+//! [`uint64`]), `bytes` as base64 ([`bytes`]), enums by name ([`proto_enum!`]) and
+//! `google.protobuf.Timestamp` as RFC 3339 ([`timestamp`]).
+
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use serde::de::{self, Deserializer, Visitor};
+use serde::Serializer;
+use std::fmt;
+
+use crate::http::date::civil_from_days;
+
+/// A proto enum: written by name, read by name or by number (both are valid proto3 JSON).
+/// `proto_enum!(FileType { Unspecified = 0 => "FILE_TYPE_UNSPECIFIED", ... })`.
+#[macro_export]
+macro_rules! proto_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $number:literal => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub enum $name {
+            #[default]
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// The name on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            /// The value of a name or number, if it is one of this enum's.
+            pub fn from_wire(value: &$crate::connect::json::EnumValue) -> Option<$name> {
+                match value {
+                    $crate::connect::json::EnumValue::Name(name) => match name.as_str() {
+                        $($text => Some($name::$variant),)+
+                        _ => None,
+                    },
+                    $crate::connect::json::EnumValue::Number(number) => match number {
+                        $($number => Some($name::$variant),)+
+                        _ => None,
+                    },
+                }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let value = $crate::connect::json::EnumValue::deserialize(deserializer)?;
+                $name::from_wire(&value).ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "{value} is not a value of {}",
+                        stringify!($name)
+                    ))
+                })
+            }
+        }
+    };
+}
+
+/// An enum field as received: a name or a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnumValue {
+    Name(String),
+    Number(i64),
+}
+
+impl fmt::Display for EnumValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnumValue::Name(name) => write!(f, "'{name}'"),
+            EnumValue::Number(number) => write!(f, "{number}"),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EnumValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EnumVisitor;
+        impl Visitor<'_> for EnumVisitor {
+            type Value = EnumValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an enum name or number")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<EnumValue, E> {
+                Ok(EnumValue::Name(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<EnumValue, E> {
+                Ok(EnumValue::Number(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<EnumValue, E> {
+                i64::try_from(v)
+                    .map(EnumValue::Number)
+                    .map_err(|_| E::custom("enum number out of range"))
+            }
+        }
+        deserializer.deserialize_any(EnumVisitor)
+    }
+}
+
+/// Reads an integer sent as a JSON number or a decimal string, as proto3 JSON allows.
+fn integer<'de, D: Deserializer<'de>, T: TryFrom<i128>>(deserializer: D) -> Result<T, D::Error> {
+    struct IntegerVisitor;
+    impl Visitor<'_> for IntegerVisitor {
+        type Value = i128;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an integer, as a number or a string")
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<i128, E> {
+            Ok(i128::from(v))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<i128, E> {
+            Ok(i128::from(v))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<i128, E> {
+            // 1e3 is a valid integer in proto3 JSON; 1.5 is not. The range check is the caller's.
+            if v.fract() == 0.0 && v.abs() < 1e38 {
+                #[allow(clippy::cast_possible_truncation)]
+                Ok(v as i128)
+            } else {
+                Err(E::custom(format!("{v} is not an integer")))
+            }
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<i128, E> {
+            v.trim()
+                .parse::<i128>()
+                .map_err(|_| E::custom(format!("'{v}' is not an integer")))
+        }
+    }
+    let value = deserializer.deserialize_any(IntegerVisitor)?;
+    T::try_from(value).map_err(|_| de::Error::custom(format!("{value} is out of range")))
+}
+
+/// `int64`: written as a decimal string.
+pub mod int64 {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &i64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+        integer(deserializer)
+    }
+}
+
+/// `uint64`: written as a decimal string.
+pub mod uint64 {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        integer(deserializer)
+    }
+}
+
+/// `uint32`/`int32` sent as strings are valid too; these read either form.
+pub mod int32 {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: TryFrom<i128>>(
+        deserializer: D,
+    ) -> Result<T, D::Error> {
+        integer(deserializer)
+    }
+}
+
+/// `bytes`: written as standard base64 with padding; read in standard or URL-safe base64, with
+/// or without padding.
+pub mod bytes {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(value))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text: String = serde::Deserialize::deserialize(deserializer)?;
+        decode(&text).ok_or_else(|| de::Error::custom("invalid base64"))
+    }
+
+    /// Decodes any of the four base64 alphabets proto3 JSON readers accept.
+    pub fn decode(text: &str) -> Option<Vec<u8>> {
+        [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+            .iter()
+            .find_map(|engine| engine.decode(text).ok())
+    }
+}
+
+/// `google.protobuf.Timestamp` as proto3 JSON writes it: RFC 3339 in UTC with `Z`, and 0, 3, 6
+/// or 9 fractional digits (as few as the value needs).
+pub fn timestamp(seconds: i64, nanos: u32) -> String {
+    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    let time = seconds.rem_euclid(86_400);
+    let mut text = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        time / 3600,
+        time / 60 % 60,
+        time % 60
+    );
+    let nanos = nanos.min(999_999_999);
+    if nanos != 0 {
+        if nanos.is_multiple_of(1_000_000) {
+            text.push_str(&format!(".{:03}", nanos / 1_000_000));
+        } else if nanos.is_multiple_of(1_000) {
+            text.push_str(&format!(".{:06}", nanos / 1_000));
+        } else {
+            text.push_str(&format!(".{nanos:09}"));
+        }
+    }
+    text.push('Z');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    crate::proto_enum!(Kind {
+        Unspecified = 0 => "KIND_UNSPECIFIED",
+        File = 1 => "KIND_FILE",
+    });
+
+    #[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+    #[serde(rename_all = "camelCase", default)]
+    struct Message {
+        #[serde(with = "int64")]
+        size: i64,
+        #[serde(with = "uint64")]
+        big: u64,
+        #[serde(with = "bytes")]
+        data: Vec<u8>,
+        kind: Kind,
+        symlink_target: Option<String>,
+    }
+
+    #[test]
+    fn messages_follow_proto3_json() {
+        let message = Message {
+            size: -5,
+            big: u64::MAX,
+            data: vec![0xfb, 0xff],
+            kind: Kind::File,
+            symlink_target: None,
+        };
+        let json = serde_json::to_value(&message).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "size": "-5", "big": "18446744073709551615", "data": "+/8=",
+                "kind": "KIND_FILE", "symlinkTarget": null
+            })
+        );
+        let read: Message = serde_json::from_value(json).unwrap();
+        assert_eq!(read, message);
+    }
+
+    #[test]
+    fn readers_accept_every_valid_form() {
+        let read: Message = serde_json::from_str(
+            r#"{"size":12,"big":"7","data":"-_8","kind":1,"unknown":{"x":[1]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (read.size, read.big, read.data, read.kind),
+            (12, 7, vec![0xfb, 0xff], Kind::File)
+        );
+        let read: Message = serde_json::from_str(r#"{"size":"1e3"}"#).unwrap_or_default();
+        assert_eq!(read.size, 0, "a string exponent is not an integer");
+        let read: Message = serde_json::from_str(r#"{"size":1e3}"#).unwrap();
+        assert_eq!(read.size, 1000);
+        let absent: Message = serde_json::from_str("{}").unwrap();
+        assert_eq!(absent, Message::default());
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for bad in [
+            r#"{"size":1.5}"#,
+            r#"{"big":-1}"#,
+            r#"{"size":"x"}"#,
+            r#"{"data":"***"}"#,
+            r#"{"kind":"KIND_OTHER"}"#,
+            r#"{"kind":7}"#,
+        ] {
+            assert!(serde_json::from_str::<Message>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn timestamps_use_as_few_fraction_digits_as_needed() {
+        assert_eq!(timestamp(0, 0), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            timestamp(1_700_000_000, 123_000_000),
+            "2023-11-14T22:13:20.123Z"
+        );
+        assert_eq!(
+            timestamp(1_700_000_000, 123_456_000),
+            "2023-11-14T22:13:20.123456Z"
+        );
+        assert_eq!(
+            timestamp(1_700_000_000, 1),
+            "2023-11-14T22:13:20.000000001Z"
+        );
+        assert_eq!(timestamp(-1, 0), "1969-12-31T23:59:59Z");
+    }
+}

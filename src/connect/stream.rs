@@ -1,0 +1,49 @@
+//! The answer of a server-streaming call: `200`, `application/connect+json`, enveloped messages
+//! pushed by a producer over time, then the end-of-stream message with the call's outcome.
+
+use serde::Serialize;
+
+use super::envelope::{self, END_STREAM};
+use super::Error;
+use crate::http::stream::{self, SendError, StreamSender};
+use crate::http::{Response, ResponseBody};
+
+/// The producer's end of a streaming answer. Dropped without [`Stream::finish`], the answer is
+/// cut off without its end-of-stream message, which clients read as a broken call.
+pub struct Stream {
+    sender: StreamSender,
+}
+
+impl Stream {
+    /// A stream whose queue holds at most `capacity` bytes the client has not taken, and the
+    /// answer to return for the call.
+    pub fn open(capacity: usize) -> (Stream, Response) {
+        let (sender, source) = stream::channel(capacity);
+        let response = Response::new(200, ResponseBody::Stream(source))
+            .with_header("Content-Type", "application/connect+json");
+        (Stream { sender }, response)
+    }
+
+    /// Queues one message. `Full`: the client reads slower than the producer writes.
+    pub fn send<T: Serialize>(&self, message: &T) -> Result<(), SendError> {
+        // Messages are the services' own types, whose encoding cannot fail; if one did, the
+        // stream could not honestly go on.
+        let json = serde_json::to_vec(message).map_err(|_| SendError::Closed)?;
+        self.sender.send(&envelope::encode(0, &json))
+    }
+
+    /// True once the client is gone.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    /// Ends the answer with the end-of-stream message: `{}`, or the error.
+    pub fn finish(self, outcome: Result<(), Error>) {
+        let end = match outcome {
+            Ok(()) => serde_json::json!({}),
+            Err(error) => serde_json::json!({ "error": error.to_json() }),
+        };
+        self.sender
+            .finish_with(&envelope::encode(END_STREAM, end.to_string().as_bytes()));
+    }
+}
