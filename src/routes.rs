@@ -39,8 +39,15 @@ impl Handler for Router {
         api::cors::decorate_action(head, action)
     }
 
-    fn refused(&self, error: &Error) -> Response {
-        ApiError::new(error.status(), error.to_string()).into()
+    fn refused(&self, head: Option<&Head>, error: &Error) -> Response {
+        let mut response: Response = ApiError::new(error.status(), error.to_string()).into();
+        if let Some(head) = head {
+            if head.path() == "/init" {
+                response = api::init::with_envd_headers(Ok(response));
+            }
+            api::cors::decorate(head, &mut response);
+        }
+        response
     }
 
     fn log(&self, record: &Record<'_>) {

@@ -111,6 +111,45 @@ fn init_answers_carry_no_store_and_the_envd_version_even_on_errors() {
 }
 
 #[test]
+fn init_with_a_wrong_header_is_authorised_by_the_current_token_in_its_body() {
+    let daemon = start();
+    let body = format!(r#"{{"accessToken":"{TOKEN}","envVars":{{"V":"body"}}}}"#);
+    let reply = init_with(&daemon, &[("X-Access-Token", "not-the-token")], &body);
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    assert_eq!(daemon.get("/envs").json()["V"], "body");
+    // A wrong header and no body token: refused, nothing applied.
+    let reply = init_with(
+        &daemon,
+        &[("X-Access-Token", "not-the-token")],
+        r#"{"envVars":{"V":"intruder"}}"#,
+    );
+    assert_eq!(reply.status, 401);
+    assert_eq!(daemon.get("/envs").json()["V"], "body");
+}
+
+#[test]
+fn refusals_of_the_http_layer_carry_cors_and_init_headers() {
+    let daemon = start();
+    let origin = ("Origin", "https://app.example");
+    let token = ("X-Access-Token", TOKEN);
+    // An /init body over the 1 MiB a JSON body may have: the layer's 413.
+    let big = vec![b' '; (1 << 20) + 1];
+    let reply = daemon.call_with("POST", "/init", &[origin, token], &big);
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.header("access-control-allow-origin"), Some("*"));
+    assert_eq!(reply.header("access-control-expose-headers"), Some(EXPOSED));
+    assert_eq!(reply.header("cache-control"), Some("no-store"));
+    assert_eq!(reply.header("x-envd-version"), Some(ENVD_VERSION));
+    // Bad framing on another route: the layer's 400, readable by a browser too.
+    let reply = daemon.raw(
+        b"GET /envs HTTP/1.1\r\nHost: h\r\nOrigin: https://app.example\r\nContent-Length: x\r\n\r\n",
+    );
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.header("access-control-allow-origin"), Some("*"));
+    assert_eq!(reply.header("x-envd-version"), None);
+}
+
+#[test]
 fn an_init_older_than_the_last_applied_changes_nothing() {
     let daemon = start();
     let env = || daemon.get("/envs").json();

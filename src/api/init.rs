@@ -95,15 +95,10 @@ pub struct InitBody {
 /// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
 /// host authorises no rotation); otherwise the body (at most 1 MiB) is collected in the event
 /// loop, without a worker, since it may carry the credential.
-pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
-    if let Some(current) = app.token() {
-        let sent = head.header("x-access-token").filter(|t| !t.is_empty());
-        let wrong = sent.is_some() && auth::check_token(Some(&current), sent).is_err();
-        if wrong && app.config.init_token_hash_file.is_none() {
-            let refused = Err(ApiError::unauthorized(auth::UNAUTHORIZED));
-            return Ok(Action::Respond(with_envd_headers(refused)));
-        }
-    }
+pub fn begin(app: &Arc<App>, _head: &Head) -> Result<Action, ApiError> {
+    // Always the body first: a caller whose header is wrong may still present the current
+    // token as the body's `accessToken` (envd reads only the body's), so who may /init is
+    // known only once the body is read. It is small: `collect_json`'s limit bounds it.
     Ok(collect_json(app, post))
 }
 
@@ -119,7 +114,7 @@ fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
 }
 
 /// Every `/init` answer, errors included, is `no-store` and names the envd level.
-fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
+pub fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
     result
         .unwrap_or_else(Response::from)
         .with_header("Cache-Control", "no-store")

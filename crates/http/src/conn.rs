@@ -456,7 +456,8 @@ impl Conn {
             Action::Collect { limit, .. }
                 if framing.remaining().is_some_and(|n| n > limit as u64) =>
             {
-                let response = cx.handler.refused(&Error::BodyTooLarge { limit });
+                let error = Error::BodyTooLarge { limit };
+                let response = cx.handler.refused(exchange.head.as_ref(), &error);
                 return self.respond(exchange, response, After::Linger, cx);
             }
             Action::Collect { limit, then } => Consumer::Collect {
@@ -483,6 +484,7 @@ impl Conn {
         error: Error,
         cx: &mut Context<'_, H>,
     ) -> Step {
+        let response = cx.handler.refused(head.as_ref(), &error);
         let exchange = Exchange {
             head_only: head.as_ref().is_some_and(|h| h.method() == "HEAD"),
             http11: head.as_ref().is_none_or(|h| h.minor_version >= 1),
@@ -492,7 +494,6 @@ impl Conn {
             _in_flight: Some(InFlight::new(cx.in_flight)),
         };
         self.inbuf.clear();
-        let response = cx.handler.refused(&error);
         self.respond(exchange, response, After::Linger, cx)
     }
 
@@ -606,9 +607,14 @@ impl Conn {
         }
         let (response, after) = match outcome {
             Outcome::Answer(response) => (response, After::Discard(framing)),
-            Outcome::Failed(error) => (cx.handler.refused(&Error::Body(error)), After::Linger),
+            Outcome::Failed(error) => (
+                cx.handler
+                    .refused(exchange.head.as_ref(), &Error::Body(error)),
+                After::Linger,
+            ),
             Outcome::TooLarge(limit) => (
-                cx.handler.refused(&Error::BodyTooLarge { limit }),
+                cx.handler
+                    .refused(exchange.head.as_ref(), &Error::BodyTooLarge { limit }),
                 After::Linger,
             ),
         };

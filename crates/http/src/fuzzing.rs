@@ -102,7 +102,7 @@ impl Handler for TestHandler {
         }
     }
 
-    fn refused(&self, error: &Error) -> Response {
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
         Response::new(
             error.status(),
             ResponseBody::Bytes(error.to_string().into_bytes()),

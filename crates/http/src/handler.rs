@@ -19,8 +19,9 @@ pub trait Handler: Send + Sync + 'static {
     fn begin(&self, head: &Head) -> Action;
 
     /// The answer to a request the layer itself refuses (a malformed head, bad framing, a body
-    /// too slow or too large). The status is `error.status()`; the body is the application's.
-    fn refused(&self, error: &Error) -> Response;
+    /// too slow or too large). The status is `error.status()`; the body is the application's,
+    /// and so are headers it adds for the request, whose head is given when it was parsed.
+    fn refused(&self, head: Option<&Head>, error: &Error) -> Response;
 
     /// Called once per answered request, after its last byte was written or the attempt failed.
     fn log(&self, record: &Record<'_>);

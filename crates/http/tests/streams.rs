@@ -55,7 +55,7 @@ impl Handler for Streams {
         Action::Respond(Response::new(200, ResponseBody::Stream(source)))
     }
 
-    fn refused(&self, error: &Error) -> Response {
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
         Response::new(
             error.status(),
             ResponseBody::Bytes(error.to_string().into_bytes()),

@@ -22,7 +22,7 @@ impl Handler for Blocking {
         Action::Respond(Response::empty(204))
     }
 
-    fn refused(&self, error: &Error) -> Response {
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
         Response::empty(error.status())
     }
 
