@@ -82,6 +82,10 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         ("/files/compose", "POST") => api::compose::begin(app, head),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
         ("/files", "POST") => api::upload::begin(app, head),
+        (path, "POST") if filesystem_method(path).is_some() => {
+            let method = filesystem_method(path).unwrap_or_default();
+            Ok(api::filesystem::begin(app, head, method))
+        }
         (path, _) if api::connect_stub::procedure(path).is_some() => {
             respond(api::connect_stub::answer(app, head))
         }
@@ -98,4 +102,11 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             None => ApiError::not_found(format!("no route for {method} {path}")),
         }),
     }
+}
+
+/// The method a `POST` to `/filesystem.Filesystem/<Method>` calls.
+fn filesystem_method(path: &str) -> Option<&str> {
+    api::connect_stub::procedure(path)?
+        .strip_prefix(api::filesystem::SERVICE)?
+        .strip_prefix('/')
 }

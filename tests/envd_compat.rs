@@ -274,11 +274,14 @@ fn help_shows_the_640_second_idle_default_and_the_hash_file_flag() {
 }
 
 #[test]
-fn connect_paths_are_501_unimplemented_never_a_plain_404() {
+fn connect_methods_not_built_yet_are_501_unimplemented_never_a_plain_404() {
     let daemon = start();
     for (path, content_type) in [
-        ("/filesystem.Filesystem/Stat", "application/json"),
-        ("/filesystem.Filesystem/ListDir", "application/json"),
+        (
+            "/filesystem.Filesystem/WatchDir",
+            "application/connect+json",
+        ),
+        ("/filesystem.Filesystem/CreateWatcher", "application/json"),
         ("/process.Process/Start", "application/connect+json"),
         ("/process.Process/NoSuchMethod", "application/json"),
     ] {

@@ -5,6 +5,7 @@ pub mod connect_stub;
 pub mod cors;
 pub mod download;
 pub mod envs;
+pub mod filesystem;
 pub mod health;
 pub mod init;
 pub mod metrics;

@@ -7,12 +7,14 @@
 //! named temporary, its mode and owner, fsync, naming it, fsync of the directory), `compose` owns
 //! the crash-safe concatenation and which sources it may delete, `copy` the zero-copy append
 //! under it, `temp` the temporary names beside a destination and the sweeper thread that
-//! removes stale ones, and `user_metadata` the `user.e2b.*` attributes an upload sets.
+//! removes stale ones, `user_metadata` the `user.e2b.*` attributes an upload sets and a
+//! listing reads, and `owners` the names of owners and groups.
 
 pub mod atomic;
 pub mod compose;
 pub mod copy;
 pub mod dirs;
+pub mod owners;
 pub mod paths;
 pub mod temp;
 pub mod user_metadata;

@@ -152,6 +152,23 @@ fn printable(what: &str, bytes: &[u8], of: Option<&str>) -> Result<String, Strin
     }
 }
 
+/// The `user.e2b.*` attributes of the file at `path` (following a symlink), without the prefix,
+/// as envd reports them: best-effort (nothing when they cannot be read), and a key or value
+/// that is not UTF-8 is left out, so an attribute set by hand cannot break an answer.
+pub fn read(path: &Path) -> BTreeMap<String, String> {
+    let Ok(names) = sys::xattr::list_at(path) else {
+        return BTreeMap::new();
+    };
+    names
+        .iter()
+        .filter_map(|name| {
+            let key = std::str::from_utf8(name.strip_prefix(PREFIX.as_bytes())?).ok()?;
+            let value = String::from_utf8(sys::xattr::get_at(path, name).ok()?).ok()?;
+            Some((key.to_string(), value))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,13 +1,16 @@
-//! Extended attributes of an open file: `fsetxattr(2)`, `flistxattr(2)`, `fremovexattr(2)`.
+//! Extended attributes: of an open file when writing (`fsetxattr(2)`, `flistxattr(2)`,
+//! `fremovexattr(2)`), of a path when reading an entry's (`listxattr(2)`, `getxattr(2)`).
 //!
-//! Through a descriptor, never a path, so the attributes land on the very file being written
-//! (an unnamed `O_TMPFILE` file has no path anyway). Which names sandboxd uses, and what a
+//! Written through a descriptor, never a path, so the attributes land on the very file being
+//! written (an unnamed `O_TMPFILE` file has no path anyway). Which names sandboxd uses, and what a
 //! filesystem without extended attributes means to a request, is `fs::user_metadata`'s.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use super::{check, check_size};
 
@@ -68,6 +71,63 @@ pub fn list(file: &File) -> io::Result<Vec<Vec<u8>>> {
         .filter(|name| !name.is_empty())
         .map(<[u8]>::to_vec)
         .collect())
+}
+
+/// The names of the attributes of the file at `path` (following a symlink), as [`list`].
+pub fn list_at(path: &Path) -> io::Result<Vec<Vec<u8>>> {
+    let path = c_path(path)?;
+    let buf = read_sized(|buf: &mut [u8]| {
+        // SAFETY: `path` is a NUL-terminated CString alive for the call; `buf` is a live,
+        // writable buffer of `buf.len()` bytes (a null pointer with size 0 when empty, which
+        // asks only for the size); the kernel writes at most that many.
+        unsafe { libc::listxattr(path.as_ptr(), buf_ptr(buf).cast(), buf.len()) }
+    })?;
+    Ok(buf
+        .split(|&b| b == 0)
+        .filter(|name| !name.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
+/// The value of attribute `name` of the file at `path` (following a symlink).
+pub fn get_at(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
+    let path = c_path(path)?;
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    read_sized(|buf: &mut [u8]| {
+        // SAFETY: `path` and `name` are NUL-terminated CStrings alive for the call; `buf` as in
+        // `list_at`.
+        unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf_ptr(buf), buf.len()) }
+    })
+}
+
+/// Runs a call that fills a buffer whose size it can tell: first asked with an empty buffer,
+/// then with one of that size, again if it grew in between (`ERANGE`).
+fn read_sized(mut call: impl FnMut(&mut [u8]) -> libc::ssize_t) -> io::Result<Vec<u8>> {
+    loop {
+        let needed = check_size(call(&mut []))?;
+        let mut buf = vec![0u8; needed];
+        match check_size(call(&mut buf)) {
+            Ok(len) => {
+                buf.truncate(len);
+                return Ok(buf);
+            }
+            Err(err) if err.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+fn buf_ptr(buf: &mut [u8]) -> *mut libc::c_void {
+    if buf.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        buf.as_mut_ptr().cast()
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 fn c_name(name: &str) -> io::Result<CString> {

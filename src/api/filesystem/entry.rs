@@ -1,0 +1,167 @@
+//! An entry's `EntryInfo`, as envd describes files: from `lstat`, with a symlink reported as the
+//! type and permission bits of what it points to and its fully resolved target.
+
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use super::messages::{EntryInfo, FileType};
+use crate::connect::json::timestamp;
+use crate::fs::owners::Owners;
+use crate::fs::user_metadata;
+
+/// The entry at `path`, reported under the name `shown` (the path as the client gave it,
+/// resolved: a listing shows paths under the directory it was asked for, not under its link's
+/// target).
+pub fn entry_info(path: &Path, shown: &Path, owners: &Owners) -> io::Result<EntryInfo> {
+    let meta = std::fs::symlink_metadata(path)?;
+    let (kind, mode, symlink_target) = if meta.file_type().is_symlink() {
+        // envd resolves the whole chain (Go's EvalSymlinks); a dangling link names itself.
+        let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let (kind, mode) = match std::fs::metadata(path) {
+            Ok(target) => (kind_of(&target), target.mode() & 0o777),
+            Err(_) => (FileType::Unspecified, 0),
+        };
+        (kind, mode, Some(target.to_string_lossy().into_owned()))
+    } else {
+        (kind_of(&meta), meta.mode() & 0o777, None)
+    };
+    let modified_time = match (meta.mtime(), meta.mtime_nsec()) {
+        (0, 0) => None,
+        (seconds, nanos) => Some(timestamp(seconds, u32::try_from(nanos).unwrap_or(0))),
+    };
+    Ok(EntryInfo {
+        name: name_of(shown),
+        kind,
+        path: shown.to_string_lossy().into_owned(),
+        size: i64::try_from(meta.size()).unwrap_or(i64::MAX),
+        mode,
+        permissions: permissions(meta.mode()),
+        owner: owners.user(meta.uid()),
+        group: owners.group(meta.gid()),
+        modified_time,
+        symlink_target,
+        metadata: user_metadata::read(path),
+    })
+}
+
+fn kind_of(meta: &Metadata) -> FileType {
+    let file_type = meta.file_type();
+    if file_type.is_file() {
+        FileType::File
+    } else if file_type.is_dir() {
+        FileType::Directory
+    } else {
+        FileType::Unspecified
+    }
+}
+
+/// The last component; `/` for the root (Go's `FileInfo.Name()`).
+fn name_of(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || "/".to_string(),
+        |name| name.to_string_lossy().into_owned(),
+    )
+}
+
+/// A unix `st_mode` as Go's `FileMode.String()` prints it: the type and special-bit letters
+/// in Go's order (`d`, `L`, `D`, `p`, `S`, `u`, `g`, `c`, `t`), `-` when there is none, then
+/// `rwxrwxrwx` with `-` for each bit unset.
+pub fn permissions(st_mode: u32) -> String {
+    let kind = st_mode & libc::S_IFMT;
+    let letters = [
+        (kind == libc::S_IFDIR, 'd'),
+        (kind == libc::S_IFLNK, 'L'),
+        (kind == libc::S_IFBLK || kind == libc::S_IFCHR, 'D'),
+        (kind == libc::S_IFIFO, 'p'),
+        (kind == libc::S_IFSOCK, 'S'),
+        (st_mode & libc::S_ISUID != 0, 'u'),
+        (st_mode & libc::S_ISGID != 0, 'g'),
+        (kind == libc::S_IFCHR, 'c'),
+        (st_mode & libc::S_ISVTX != 0, 't'),
+    ];
+    let mut text: String = letters
+        .iter()
+        .filter(|(set, _)| *set)
+        .map(|(_, letter)| *letter)
+        .collect();
+    if text.is_empty() {
+        text.push('-');
+    }
+    for (bit, letter) in (0..9).rev().zip("rwxrwxrwx".chars()) {
+        text.push(if st_mode & (1 << bit) != 0 {
+            letter
+        } else {
+            '-'
+        });
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_as_go_prints_them() {
+        let cases = [
+            (libc::S_IFREG | 0o644, "-rw-r--r--"),
+            (libc::S_IFDIR | 0o755, "drwxr-xr-x"),
+            (libc::S_IFLNK | 0o777, "Lrwxrwxrwx"),
+            (libc::S_IFREG | libc::S_ISUID | 0o755, "urwxr-xr-x"),
+            (libc::S_IFDIR | libc::S_ISVTX | 0o777, "dtrwxrwxrwx"),
+            (libc::S_IFCHR | 0o666, "Dcrw-rw-rw-"),
+            (libc::S_IFBLK | 0o660, "Drw-rw----"),
+            (libc::S_IFIFO | 0o600, "prw-------"),
+            (libc::S_IFSOCK | 0o777, "Srwxrwxrwx"),
+            (libc::S_IFREG | libc::S_ISGID | 0o2750 & 0o777, "grwxr-x---"),
+            (libc::S_IFREG, "----------"),
+        ];
+        for (mode, expected) in cases {
+            assert_eq!(permissions(mode), expected, "{mode:o}");
+        }
+    }
+
+    #[test]
+    fn entries_of_a_file_a_directory_and_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.txt");
+        std::fs::write(&file, b"hello").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &dangling).unwrap();
+        let owners = Owners::default();
+
+        let entry = entry_info(&file, &file, &owners).unwrap();
+        assert_eq!(
+            (entry.name.as_str(), entry.kind, entry.size),
+            ("a.txt", FileType::File, 5)
+        );
+        assert_eq!(entry.permissions.len(), 10);
+        assert!(entry.modified_time.is_some() && entry.symlink_target.is_none());
+
+        let entry = entry_info(&link, &link, &owners).unwrap();
+        assert_eq!(
+            entry.kind,
+            FileType::File,
+            "a link is reported as its target's type"
+        );
+        assert!(entry.permissions.starts_with('L'));
+        let canonical = std::fs::canonicalize(&file).unwrap();
+        assert_eq!(entry.symlink_target.as_deref(), canonical.to_str());
+
+        let entry = entry_info(&dangling, &dangling, &owners).unwrap();
+        assert_eq!((entry.kind, entry.mode), (FileType::Unspecified, 0));
+        assert_eq!(entry.symlink_target.as_deref(), dangling.to_str());
+
+        let entry = entry_info(dir.path(), Path::new("/shown/here"), &owners).unwrap();
+        assert_eq!(
+            (entry.name.as_str(), entry.path.as_str()),
+            ("here", "/shown/here")
+        );
+        assert_eq!(entry.kind, FileType::Directory);
+        assert_eq!(name_of(Path::new("/")), "/");
+    }
+}

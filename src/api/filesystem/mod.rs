@@ -1,0 +1,269 @@
+//! envd's `filesystem.Filesystem` Connect service (SPEC §9b): what the SDKs' `files.exists`,
+//! `get_info`, `list`, `make_dir`, `rename` and `remove` call.
+//!
+//! This module owns the service: which methods exist, who the caller is (the token as on every
+//! route, then the user named by `Authorization: Basic`, else the default user, as envd reads
+//! it), and how filesystem errors become Connect codes. The protocol is `connect`'s, the
+//! messages `messages`', an entry's description `entry`'s, the methods `ops`'.
+//!
+//! Not yet: `WatchDir` and the watcher methods answer `unimplemented` (501).
+
+mod entry;
+mod messages;
+mod ops;
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+use crate::app::{App, Resolver};
+use crate::connect::{self, Call, Code, Error, Shape};
+use crate::error::ApiError;
+use crate::fs::owners::Owners;
+use crate::fs::users::User;
+use crate::http::{Action, Head, Response};
+use messages::{Empty, EntryInfo, ListDirRequest, MoveRequest, PathRequest};
+
+/// The service's name in Connect paths.
+pub const SERVICE: &str = "filesystem.Filesystem";
+
+/// The methods of envd's service, and whether sandboxd has them yet.
+const METHODS: [(&str, bool); 9] = [
+    ("Stat", true),
+    ("MakeDir", true),
+    ("Move", true),
+    ("ListDir", true),
+    ("Remove", true),
+    ("WatchDir", false),
+    ("CreateWatcher", false),
+    ("GetWatcherEvents", false),
+    ("RemoveWatcher", false),
+];
+
+/// Starts a call to `method` of the service; its request message is collected, then run.
+pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
+    let refuse = |error: Error| Action::Respond(error.into_response());
+    if let Err(error) = app.require_token(head) {
+        return refuse(Error::new(Code::Unauthenticated, error.message));
+    }
+    let implemented = match METHODS.iter().find(|(name, _)| *name == method) {
+        Some((_, implemented)) => *implemented,
+        None => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!("{SERVICE}/{method} is not a method of {SERVICE}"),
+            ))
+        }
+    };
+    if !implemented {
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!("{SERVICE}/{method} is not implemented by sandboxd"),
+        ));
+    }
+    let call = match Call::from_head(head) {
+        Ok(call) => call,
+        Err(response) => return Action::Respond(response),
+    };
+    if call.shape != Shape::Unary {
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!("{SERVICE}/{method} is a unary method: send application/json"),
+        ));
+    }
+    let username = match basic_user(head) {
+        Ok(username) => username,
+        Err(error) => return refuse(error),
+    };
+    let app = Arc::clone(app);
+    let method = method.to_string();
+    Action::Collect {
+        limit: connect::MAX_REQUEST_BYTES,
+        then: Box::new(move |_head, body| {
+            run(&app, &call, &method, username.as_deref(), &body)
+                .unwrap_or_else(Error::into_response)
+        }),
+    }
+}
+
+fn run(
+    app: &App,
+    call: &Call,
+    method: &str,
+    username: Option<&str>,
+    body: &[u8],
+) -> Result<Response, Error> {
+    let caller = Caller::new(app, username)?;
+    Ok(match method {
+        "Stat" => connect::unary(&ops::stat(
+            &caller,
+            &call.request::<PathRequest>(body)?.path,
+        )?),
+        "ListDir" => {
+            let request: ListDirRequest = call.request(body)?;
+            connect::unary(&ops::list_dir(&caller, &request.path, request.depth)?)
+        }
+        "MakeDir" => {
+            let request: PathRequest = call.request(body)?;
+            connect::unary(&ops::make_dir(&caller, &request.path)?)
+        }
+        "Move" => {
+            let request: MoveRequest = call.request(body)?;
+            connect::unary(&ops::rename(
+                &caller,
+                &request.source,
+                &request.destination,
+            )?)
+        }
+        "Remove" => {
+            ops::remove(&caller, &call.request::<PathRequest>(body)?.path)?;
+            connect::unary(&Empty {})
+        }
+        other => {
+            return Err(Error::new(
+                Code::Unimplemented,
+                format!("{SERVICE}/{other} is not implemented by sandboxd"),
+            ))
+        }
+    })
+}
+
+/// Who calls: their user (for paths and ownership) and the names of owners for entries.
+pub struct Caller {
+    resolver: Resolver,
+    pub user: User,
+    pub owners: Owners,
+}
+
+impl Caller {
+    fn new(app: &App, username: Option<&str>) -> Result<Caller, Error> {
+        let resolver = app.resolver(username).map_err(api_error)?;
+        Ok(Caller {
+            user: resolver.user.clone(),
+            resolver,
+            owners: Owners::load(&app.config.passwd_file),
+        })
+    }
+
+    /// A client's path, resolved for this user (SPEC §4); a bad one is `invalid_argument`.
+    pub fn resolve(&self, raw: &str) -> Result<std::path::PathBuf, Error> {
+        self.resolver
+            .resolve(raw)
+            .map_err(|e| Error::invalid_argument(e.message))
+    }
+
+    pub fn entry(&self, path: &Path, shown: &Path) -> Result<EntryInfo, Error> {
+        entry::entry_info(path, shown, &self.owners)
+            .map_err(|e| io_error(&e, "error getting file info", path))
+    }
+}
+
+/// The user named by `Authorization: Basic` (`base64(user:password)`, the password ignored, as
+/// envd does); `None` without the header or with an empty name: the default user.
+fn basic_user(head: &Head) -> Result<Option<String>, Error> {
+    let Some(value) = head.header("authorization") else {
+        return Ok(None);
+    };
+    let invalid = || Error::new(Code::Unauthenticated, "invalid Authorization header");
+    let text = std::str::from_utf8(value).map_err(|_| invalid())?.trim();
+    let (scheme, credentials) = text.split_once(' ').ok_or_else(invalid)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        // Another scheme says nothing about the user: the default one.
+        return Ok(None);
+    }
+    let decoded = STANDARD.decode(credentials.trim()).map_err(|_| invalid())?;
+    let decoded = String::from_utf8(decoded).map_err(|_| invalid())?;
+    let name = decoded
+        .split_once(':')
+        .map_or(decoded.as_str(), |(name, _)| name);
+    Ok((!name.is_empty()).then(|| name.to_string()))
+}
+
+/// An OS error met doing `what` on `path`, as a Connect error.
+fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
+    let code = match error.kind() {
+        io::ErrorKind::NotFound => Code::NotFound,
+        io::ErrorKind::PermissionDenied => Code::PermissionDenied,
+        io::ErrorKind::AlreadyExists => Code::AlreadyExists,
+        _ => match error.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => Code::ResourceExhausted,
+            Some(libc::ENOTDIR | libc::EISDIR | libc::ENAMETOOLONG | libc::EINVAL) => {
+                Code::InvalidArgument
+            }
+            Some(libc::ENOTEMPTY) => Code::FailedPrecondition,
+            _ => Code::Internal,
+        },
+    };
+    Error::new(code, format!("{what}: {}: {error}", path.display()))
+}
+
+/// An error of the shared file layer, by the status it would have on the HTTP routes.
+fn api_error(error: ApiError) -> Error {
+    let code = match error.status {
+        400 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        507 => Code::ResourceExhausted,
+        _ => Code::Internal,
+    };
+    Error::new(code, error.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &str) -> Head {
+        let text = format!("POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: h\r\n{headers}\r\n");
+        Head::parse(text.as_bytes()).unwrap().unwrap().0
+    }
+
+    #[test]
+    fn the_user_comes_from_basic_authorization() {
+        let user = |headers: &str| basic_user(&head(headers));
+        assert_eq!(user("").unwrap(), None);
+        // "user:" and "root:secret"
+        assert_eq!(
+            user("Authorization: Basic dXNlcjo=\r\n").unwrap(),
+            Some("user".into())
+        );
+        assert_eq!(
+            user("Authorization: basic cm9vdDpzZWNyZXQ=\r\n").unwrap(),
+            Some("root".into())
+        );
+        // ":" (an empty name) is the default user; another scheme too.
+        assert_eq!(user("Authorization: Basic Og==\r\n").unwrap(), None);
+        assert_eq!(user("Authorization: Bearer abc\r\n").unwrap(), None);
+        for bad in ["Authorization: Basic !!!\r\n", "Authorization: Basic\r\n"] {
+            assert_eq!(user(bad).unwrap_err().code, Code::Unauthenticated, "{bad}");
+        }
+    }
+
+    #[test]
+    fn os_errors_become_connect_codes() {
+        let code =
+            |errno| io_error(&io::Error::from_raw_os_error(errno), "x", Path::new("/p")).code;
+        assert_eq!(code(libc::ENOENT), Code::NotFound);
+        assert_eq!(code(libc::EACCES), Code::PermissionDenied);
+        assert_eq!(code(libc::EEXIST), Code::AlreadyExists);
+        assert_eq!(code(libc::ENOSPC), Code::ResourceExhausted);
+        assert_eq!(code(libc::ENOTDIR), Code::InvalidArgument);
+        assert_eq!(code(libc::ENOTEMPTY), Code::FailedPrecondition);
+        assert_eq!(code(libc::EIO), Code::Internal);
+        let error = io_error(
+            &io::Error::from_raw_os_error(libc::ENOENT),
+            "file not found",
+            Path::new("/p"),
+        );
+        assert!(
+            error.message.starts_with("file not found: /p: "),
+            "{}",
+            error.message
+        );
+    }
+}
