@@ -19,7 +19,7 @@ fn main() {
     };
     let code = match command {
         Command::Help => {
-            print!("{}", config::USAGE);
+            print!("{}", config::help());
             0
         }
         Command::Version => {
