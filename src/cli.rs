@@ -5,8 +5,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use crate::auth::{self, Operation};
-use crate::config::SignRequest;
+use crate::config::{SignRequest, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 use crate::http::date;
+use crate::token;
 
 /// Probes `/health` at `addr`: 0 when it answers 204, 1 otherwise (for images without curl).
 pub fn healthcheck(addr: SocketAddr) -> i32 {
@@ -40,18 +41,14 @@ pub fn healthcheck(addr: SocketAddr) -> i32 {
 }
 
 /// Prints a signed URL for `request`; the token comes from the token file or
-/// `SANDBOXD_ACCESS_TOKEN`. Returns the exit code.
+/// `SANDBOXD_ACCESS_TOKEN` (`token::load`). Returns the exit code: 2 without a usable token.
 pub fn sign(request: &SignRequest) -> i32 {
-    let token = match &request.access_token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display())),
-        None => std::env::var("SANDBOXD_ACCESS_TOKEN")
-            .map_err(|_| "set SANDBOXD_ACCESS_TOKEN or --access-token-file".to_string()),
-    };
-    let token = match token {
-        Ok(token) if !token.trim().is_empty() => token.trim().to_string(),
-        Ok(_) => {
-            eprintln!("sandboxd: the access token is empty");
+    let from_env = std::env::var(ACCESS_TOKEN.env).ok();
+    let token = match token::load(request.access_token_file.as_deref(), from_env) {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            let flag = ACCESS_TOKEN_FILE.opt.name();
+            eprintln!("sandboxd: set {} or {flag}", ACCESS_TOKEN.env);
             return 2;
         }
         Err(message) => {

@@ -9,11 +9,11 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use crate::app::App;
-use crate::config::Config;
+use crate::config::{Config, ACCESS_TOKEN};
 use crate::http;
 use crate::routes::Router;
 use crate::sys::{self, process};
-use crate::{log, notify};
+use crate::{log, notify, token};
 
 /// The `Server` header of every answer (SPEC §1).
 pub const SERVER: &str = concat!("sandboxd/", env!("CARGO_PKG_VERSION"));
@@ -115,34 +115,20 @@ pub fn run(config: Config) -> i32 {
     0
 }
 
-/// The token from `--access-token-file`, else `SANDBOXD_ACCESS_TOKEN`; surrounding whitespace
-/// (a trailing newline) is not part of it, and an empty token is refused.
-///
-/// Whichever source is used, a `SANDBOXD_ACCESS_TOKEN` in the environment is then overwritten
-/// where the kernel shows it (`/proc/<pid>/environ`, readable for the daemon's whole life) and
-/// removed from the environment, so the secret stays only in the daemon's own memory.
+/// The token (`token::load`), after which `SANDBOXD_ACCESS_TOKEN` is overwritten where the
+/// kernel shows it (`/proc/<pid>/environ`, readable for the daemon's whole life) and removed
+/// from the environment, whichever source was used, so the secret stays only in the daemon's
+/// own memory.
 fn load_token(config: &Config) -> Result<Option<String>, String> {
-    let from_env = std::env::var("SANDBOXD_ACCESS_TOKEN").ok();
+    let from_env = std::env::var(ACCESS_TOKEN.env).ok();
     scrub_env_token();
-    let token = match &config.access_token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display()))?,
-        None => match from_env {
-            Some(token) => token,
-            None => return Ok(None),
-        },
-    };
-    let token = token.trim();
-    if token.is_empty() {
-        return Err("the access token is empty".into());
-    }
-    Ok(Some(token.to_string()))
+    token::load(config.access_token_file.as_deref(), from_env)
 }
 
 /// Overwrites and removes `SANDBOXD_ACCESS_TOKEN` from the environment; logs when it cannot.
 /// Runs before any thread is started (`sys::env` refuses otherwise).
 fn scrub_env_token() {
-    const NAME: &str = "SANDBOXD_ACCESS_TOKEN";
+    const NAME: &str = ACCESS_TOKEN.env;
     if std::env::var_os(NAME).is_none() {
         return;
     }

@@ -20,3 +20,4 @@ pub mod notify;
 pub mod routes;
 pub mod stats;
 pub mod sys;
+pub mod token;
