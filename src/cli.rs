@@ -2,6 +2,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::auth::{self, Operation};
@@ -10,7 +11,7 @@ use crate::http::date;
 use crate::token;
 
 /// Probes `/health` at `addr`: 0 when it answers 204, 1 otherwise (for images without curl).
-pub fn healthcheck(addr: SocketAddr) -> i32 {
+pub fn healthcheck(addr: SocketAddr) -> ExitCode {
     let timeout = Duration::from_secs(3);
     let result = (|| -> std::io::Result<bool> {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
@@ -28,32 +29,32 @@ pub fn healthcheck(addr: SocketAddr) -> i32 {
         Ok(reply[..len].starts_with(b"HTTP/1.1 204 "))
     })();
     match result {
-        Ok(true) => 0,
+        Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("sandboxd: {addr} is not healthy");
-            1
+            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("sandboxd: cannot probe {addr}: {e}");
-            1
+            ExitCode::FAILURE
         }
     }
 }
 
 /// Prints a signed URL for `request`; the token comes from the token file or
-/// `SANDBOXD_ACCESS_TOKEN` (`token::load`). Returns the exit code: 2 without a usable token.
-pub fn sign(request: &SignRequest) -> i32 {
+/// `SANDBOXD_ACCESS_TOKEN` (`token::load`). Without a usable token the exit code is 2.
+pub fn sign(request: &SignRequest) -> ExitCode {
     let from_env = std::env::var(ACCESS_TOKEN.env).ok();
     let token = match token::load(request.access_token_file.as_deref(), from_env) {
         Ok(Some(token)) => token,
         Ok(None) => {
             let flag = ACCESS_TOKEN_FILE.opt.name();
             eprintln!("sandboxd: set {} or {flag}", ACCESS_TOKEN.env);
-            return 2;
+            return ExitCode::from(2);
         }
         Err(message) => {
             eprintln!("sandboxd: {message}");
-            return 2;
+            return ExitCode::from(2);
         }
     };
     let operation = if request.write {
@@ -71,5 +72,5 @@ pub fn sign(request: &SignRequest) -> i32 {
         request.version,
     );
     println!("{}/files?{query}", request.base_url);
-    0
+    ExitCode::SUCCESS
 }

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::app::App;
@@ -25,11 +26,12 @@ const PARTIAL_HEAD_BUDGET: usize = 16 << 20;
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
 
-/// Runs the daemon until a stop signal; returns the process exit code.
-pub fn run(config: Config) -> i32 {
+/// Runs the daemon until a stop signal; returns the process exit code: 0 after a drain, 1 when
+/// it cannot start, 2 for a bad token.
+pub fn run(config: Config) -> ExitCode {
     if let Err(e) = process::block_signals(&SIGNALS) {
         log::line(format_args!("cannot block signals: {e}"));
-        return 1;
+        return ExitCode::FAILURE;
     }
     match process::raise_nofile_limit() {
         Ok(limit) => log::line(format_args!("open-file limit {limit}")),
@@ -39,7 +41,7 @@ pub fn run(config: Config) -> i32 {
         Ok(token) => token,
         Err(message) => {
             log::line(format_args!("{message}"));
-            return 2;
+            return ExitCode::from(2);
         }
     };
     if token.is_none() {
@@ -51,7 +53,7 @@ pub fn run(config: Config) -> i32 {
         Ok(listener) => listener,
         Err(e) => {
             log::line(format_args!("cannot listen on {}: {e}", config.listen));
-            return 1;
+            return ExitCode::FAILURE;
         }
     };
     let address = listener
@@ -81,7 +83,7 @@ pub fn run(config: Config) -> i32 {
         Ok(server) => server,
         Err(e) => {
             log::line(format_args!("cannot start the server: {e}"));
-            return 1;
+            return ExitCode::FAILURE;
         }
     };
     log::line(format_args!(
@@ -112,7 +114,7 @@ pub fn run(config: Config) -> i32 {
             "drain timeout of {drain_timeout:?} reached; exiting with requests in flight"
         ));
     }
-    0
+    ExitCode::SUCCESS
 }
 
 /// The token (`token::load`), after which `SANDBOXD_ACCESS_TOKEN` is overwritten where the
