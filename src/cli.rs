@@ -2,14 +2,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::auth::{self, Operation};
-use crate::config::SignRequest;
+use crate::config::{SignRequest, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 use crate::http::date;
+use crate::token;
 
 /// Probes `/health` at `addr`: 0 when it answers 204, 1 otherwise (for images without curl).
-pub fn healthcheck(addr: SocketAddr) -> i32 {
+pub fn healthcheck(addr: SocketAddr) -> ExitCode {
     let timeout = Duration::from_secs(3);
     let result = (|| -> std::io::Result<bool> {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
@@ -27,36 +29,32 @@ pub fn healthcheck(addr: SocketAddr) -> i32 {
         Ok(reply[..len].starts_with(b"HTTP/1.1 204 "))
     })();
     match result {
-        Ok(true) => 0,
+        Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("sandboxd: {addr} is not healthy");
-            1
+            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("sandboxd: cannot probe {addr}: {e}");
-            1
+            ExitCode::FAILURE
         }
     }
 }
 
 /// Prints a signed URL for `request`; the token comes from the token file or
-/// `SANDBOXD_ACCESS_TOKEN`. Returns the exit code.
-pub fn sign(request: &SignRequest) -> i32 {
-    let token = match &request.access_token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display())),
-        None => std::env::var("SANDBOXD_ACCESS_TOKEN")
-            .map_err(|_| "set SANDBOXD_ACCESS_TOKEN or --access-token-file".to_string()),
-    };
-    let token = match token {
-        Ok(token) if !token.trim().is_empty() => token.trim().to_string(),
-        Ok(_) => {
-            eprintln!("sandboxd: the access token is empty");
-            return 2;
+/// `SANDBOXD_ACCESS_TOKEN` (`token::load`). Without a usable token the exit code is 2.
+pub fn sign(request: &SignRequest) -> ExitCode {
+    let from_env = std::env::var(ACCESS_TOKEN.env).ok();
+    let token = match token::load(request.access_token_file.as_deref(), from_env) {
+        Ok(Some(token)) => token,
+        Ok(None) => {
+            let flag = ACCESS_TOKEN_FILE.opt.name();
+            eprintln!("sandboxd: set {} or {flag}", ACCESS_TOKEN.env);
+            return ExitCode::from(2);
         }
         Err(message) => {
             eprintln!("sandboxd: {message}");
-            return 2;
+            return ExitCode::from(2);
         }
     };
     let operation = if request.write {
@@ -74,5 +72,5 @@ pub fn sign(request: &SignRequest) -> i32 {
         request.version,
     );
     println!("{}/files?{query}", request.base_url);
-    0
+    ExitCode::SUCCESS
 }

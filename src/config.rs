@@ -1,18 +1,25 @@
 //! Command line and environment: what to run and with which settings (SPEC §1).
 //!
-//! Every daemon flag has a `SANDBOXD_*` variable; the flag wins. Parsing is pure (arguments and
-//! an environment lookup in, a [`Command`] or a one-line error out) so tests feed it literals.
+//! Every daemon flag has a `SANDBOXD_*` variable; the flag wins. The options themselves, their
+//! defaults and their help are one table (`options`); `usage` renders `--help` and the README's
+//! table from it. Parsing is pure (arguments and an environment lookup in, a [`Command`] or a
+//! one-line error out) so tests feed it literals.
+
+mod options;
+mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:49983";
+pub use options::{default_workers, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
+pub use usage::help;
 
-/// Idle keep-alive connections live this long (SPEC §1, §10): envd's 640 s, above the 620 s for
-/// which E2B's orchestrator proxy keeps an idle pooled connection to the sandbox, so the proxy
-/// always closes first and never sends a request on a connection sandboxd is closing.
-pub const DEFAULT_IDLE_TIMEOUT_SECS: f64 = 640.0;
+use options::{
+    parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
+    HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, OPTIONS, PASSWD_FILE, PROC_ROOT,
+    SEND_TIMEOUT, WORKERS,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -57,56 +64,6 @@ pub enum Command {
     Sign(SignRequest),
 }
 
-pub const USAGE: &str = "\
-sandboxd: the HTTP daemon inside a sandbox (files, compose, metrics, environment)
-
-Usage:
-  sandboxd [OPTIONS]                 serve
-  sandboxd --healthcheck [ADDR]      probe a running daemon's /health; exit 0 if healthy
-  sandboxd sign PATH [SIGN OPTIONS]  print a signed download/upload URL
-  sandboxd --help | --version
-  sandboxd -version                  print only the envd API level implemented (as envd does)
-
-Options (each also read from the environment variable shown; the flag wins):
-  --listen ADDR             SANDBOXD_LISTEN             [0.0.0.0:49983]
-  --access-token-file PATH  SANDBOXD_ACCESS_TOKEN_FILE  token file (or SANDBOXD_ACCESS_TOKEN)
-  --init-token-hash-file PATH  SANDBOXD_INIT_TOKEN_HASH_FILE
-                            hex SHA-256 of a token /init may set without the current one
-  --default-user NAME       SANDBOXD_DEFAULT_USER       [root]
-  --default-workdir PATH    SANDBOXD_DEFAULT_WORKDIR    [the user's home]
-  --passwd-file PATH        SANDBOXD_PASSWD_FILE        [/etc/passwd]
-  --workers N               SANDBOXD_WORKERS            [4 x CPUs, 4..64]
-  --header-timeout SECS     SANDBOXD_HEADER_TIMEOUT     [10]
-  --idle-timeout SECS       SANDBOXD_IDLE_TIMEOUT       [640]
-  --drain-timeout SECS      SANDBOXD_DRAIN_TIMEOUT      [10]
-  --send-timeout SECS       SANDBOXD_SEND_TIMEOUT       [30] stalled reader of a response
-  --body-timeout SECS       SANDBOXD_BODY_TIMEOUT       [30] stalled sender of a request body
-  --proc-root PATH          SANDBOXD_PROC_ROOT          [/proc]
-  --cgroup-root PATH        SANDBOXD_CGROUP_ROOT        [/sys/fs/cgroup]
-
-Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
-  --username NAME   --operation read|write [read]   --expires-in SECS [3600]
-  --v1 (envd-compatible signature)   --url BASE [http://127.0.0.1:49983]
-";
-
-/// Daemon options: flag name, environment variable.
-const OPTIONS: &[(&str, &str)] = &[
-    ("--listen", "SANDBOXD_LISTEN"),
-    ("--access-token-file", "SANDBOXD_ACCESS_TOKEN_FILE"),
-    ("--init-token-hash-file", "SANDBOXD_INIT_TOKEN_HASH_FILE"),
-    ("--default-user", "SANDBOXD_DEFAULT_USER"),
-    ("--default-workdir", "SANDBOXD_DEFAULT_WORKDIR"),
-    ("--passwd-file", "SANDBOXD_PASSWD_FILE"),
-    ("--workers", "SANDBOXD_WORKERS"),
-    ("--header-timeout", "SANDBOXD_HEADER_TIMEOUT"),
-    ("--idle-timeout", "SANDBOXD_IDLE_TIMEOUT"),
-    ("--drain-timeout", "SANDBOXD_DRAIN_TIMEOUT"),
-    ("--send-timeout", "SANDBOXD_SEND_TIMEOUT"),
-    ("--body-timeout", "SANDBOXD_BODY_TIMEOUT"),
-    ("--proc-root", "SANDBOXD_PROC_ROOT"),
-    ("--cgroup-root", "SANDBOXD_CGROUP_ROOT"),
-];
-
 /// Parses the arguments (without the program name); `env` looks up environment variables.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
     match args.first().map(String::as_str) {
@@ -128,65 +85,74 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Co
 }
 
 fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
-    let mut values: Vec<Option<String>> = OPTIONS.iter().map(|(_, var)| env(var)).collect();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        if matches!(name, "--help" | "--version" | "-version" | "--healthcheck") {
-            return Err(format!("{name} must come first"));
-        }
-        let index = OPTIONS
-            .iter()
-            .position(|(flag, _)| *flag == name)
-            .ok_or_else(|| format!("unknown argument '{arg}'"))?;
-        let value = match inline {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))?,
-        };
-        values[index] = Some(value);
-    }
-    let value = |flag: &str| -> Option<&str> {
-        let index = OPTIONS.iter().position(|(f, _)| *f == flag)?;
-        values[index].as_deref()
-    };
-    let seconds = |flag: &str, default: f64| -> Result<Duration, String> {
-        value(flag).map_or(Ok(Duration::from_secs_f64(default)), |v| {
-            parse_seconds(flag, v)
-        })
-    };
+    let given = Given::collect(args, env)?;
     Ok(Config {
-        listen: parse_addr("--listen", value("--listen").unwrap_or(DEFAULT_LISTEN))?,
-        access_token_file: value("--access-token-file")
-            .map(non_empty_path)
-            .transpose()?,
-        init_token_hash_file: value("--init-token-hash-file")
-            .map(non_empty_path)
-            .transpose()?,
-        default_user: match value("--default-user") {
-            None => "root".into(),
-            Some("") => return Err("--default-user must not be empty".into()),
-            Some(user) => user.into(),
-        },
-        default_workdir: value("--default-workdir")
-            .filter(|v| !v.is_empty())
-            .map(|v| absolute_path("--default-workdir", v))
-            .transpose()?,
-        passwd_file: non_empty_path(value("--passwd-file").unwrap_or("/etc/passwd"))?,
-        workers: value("--workers").map_or(Ok(default_workers()), parse_workers)?,
-        header_timeout: seconds("--header-timeout", 10.0)?,
-        idle_timeout: seconds("--idle-timeout", DEFAULT_IDLE_TIMEOUT_SECS)?,
-        drain_timeout: seconds("--drain-timeout", 10.0)?,
-        send_timeout: seconds("--send-timeout", 30.0)?,
-        body_timeout: seconds("--body-timeout", 30.0)?,
-        proc_root: non_empty_path(value("--proc-root").unwrap_or("/proc"))?,
-        cgroup_root: non_empty_path(value("--cgroup-root").unwrap_or("/sys/fs/cgroup"))?,
+        listen: given.read(&LISTEN)?,
+        access_token_file: given.read(&ACCESS_TOKEN_FILE)?,
+        init_token_hash_file: given.read(&INIT_TOKEN_HASH_FILE)?,
+        default_user: given.read(&DEFAULT_USER)?,
+        default_workdir: given.read(&DEFAULT_WORKDIR)?,
+        passwd_file: given.read(&PASSWD_FILE)?,
+        workers: given.read(&WORKERS)?,
+        header_timeout: given.read(&HEADER_TIMEOUT)?,
+        idle_timeout: given.read(&IDLE_TIMEOUT)?,
+        drain_timeout: given.read(&DRAIN_TIMEOUT)?,
+        send_timeout: given.read(&SEND_TIMEOUT)?,
+        body_timeout: given.read(&BODY_TIMEOUT)?,
+        proc_root: given.read(&PROC_ROOT)?,
+        cgroup_root: given.read(&CGROUP_ROOT)?,
     })
+}
+
+/// The values the command line gives, one per row of [`OPTIONS`], and the environment.
+struct Given<'a> {
+    flags: Vec<Option<String>>,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl<'a> Given<'a> {
+    fn collect(args: &[String], env: &'a dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let mut flags = vec![None; OPTIONS.len()];
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            if matches!(name, "--help" | "--version" | "-version" | "--healthcheck") {
+                return Err(format!("{name} must come first"));
+            }
+            let slot = OPTIONS
+                .iter()
+                .zip(flags.iter_mut())
+                .find_map(|(opt, slot)| (opt.flag == Some(name)).then_some(slot))
+                .ok_or_else(|| format!("unknown argument '{arg}'"))?;
+            let value = match inline {
+                Some(value) => value,
+                None => rest
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| format!("{name} needs a value"))?,
+            };
+            *slot = Some(value);
+        }
+        Ok(Given { flags, env })
+    }
+
+    /// The setting's value from its flag, else its variable, else its default. The variable is
+    /// looked up only when the flag is absent, so a bad value there is no error then.
+    fn read<T>(&self, setting: &Setting<T>) -> Result<T, String> {
+        let env = setting.opt.env;
+        let flag = OPTIONS
+            .iter()
+            .zip(&self.flags)
+            .find_map(|(opt, flag)| (opt.env == env).then_some(flag))
+            .ok_or_else(|| format!("{env} is missing from the option table"))?;
+        match flag {
+            Some(text) => setting.read(Some(text)),
+            None => setting.read((self.env)(env).as_deref()),
+        }
+    }
 }
 
 fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
@@ -197,7 +163,7 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
         expires_in: 3600,
         version: 2,
         base_url: "http://127.0.0.1:49983".into(),
-        access_token_file: env("SANDBOXD_ACCESS_TOKEN_FILE").map(PathBuf::from),
+        access_token_file: env(ACCESS_TOKEN_FILE.opt.env).map(PathBuf::from),
     };
     let mut path = None;
     let mut rest = args.iter();
@@ -238,17 +204,6 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
     Ok(Command::Sign(request))
 }
 
-/// Four workers per CPU: they block on disks and slow clients, not only on the CPU.
-pub fn default_workers() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cpus * 4).clamp(4, 64)
-}
-
-fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
-    text.parse()
-        .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:49983"))
-}
-
 /// The address to probe a daemon listening on `listen`: a wildcard becomes loopback.
 fn local_address(listen: SocketAddr) -> SocketAddr {
     let mut addr = listen;
@@ -259,37 +214,6 @@ fn local_address(listen: SocketAddr) -> SocketAddr {
         });
     }
     addr
-}
-
-fn parse_workers(text: &str) -> Result<usize, String> {
-    text.parse()
-        .ok()
-        .filter(|n| (1..=1024).contains(n))
-        .ok_or_else(|| format!("--workers must be between 1 and 1024, not '{text}'"))
-}
-
-fn parse_seconds(flag: &str, text: &str) -> Result<Duration, String> {
-    text.parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("{flag} must be a number of seconds in (0, 86400], not '{text}'"))
-}
-
-fn non_empty_path(text: &str) -> Result<PathBuf, String> {
-    if text.is_empty() {
-        Err("a path option must not be empty".into())
-    } else {
-        Ok(PathBuf::from(text))
-    }
-}
-
-fn absolute_path(flag: &str, text: &str) -> Result<PathBuf, String> {
-    if text.starts_with('/') {
-        Ok(PathBuf::from(text))
-    } else {
-        Err(format!("{flag} must be an absolute path, not '{text}'"))
-    }
 }
 
 #[cfg(test)]

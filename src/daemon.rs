@@ -6,14 +6,15 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::app::App;
-use crate::config::Config;
+use crate::config::{Config, ACCESS_TOKEN};
 use crate::http;
 use crate::routes::Router;
 use crate::sys::{self, process};
-use crate::{log, notify};
+use crate::{log, notify, token};
 
 /// The `Server` header of every answer (SPEC §1).
 pub const SERVER: &str = concat!("sandboxd/", env!("CARGO_PKG_VERSION"));
@@ -25,11 +26,12 @@ const PARTIAL_HEAD_BUDGET: usize = 16 << 20;
 
 const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
 
-/// Runs the daemon until a stop signal; returns the process exit code.
-pub fn run(config: Config) -> i32 {
+/// Runs the daemon until a stop signal; returns the process exit code: 0 after a drain, 1 when
+/// it cannot start, 2 for a bad token.
+pub fn run(config: Config) -> ExitCode {
     if let Err(e) = process::block_signals(&SIGNALS) {
         log::line(format_args!("cannot block signals: {e}"));
-        return 1;
+        return ExitCode::FAILURE;
     }
     match process::raise_nofile_limit() {
         Ok(limit) => log::line(format_args!("open-file limit {limit}")),
@@ -39,7 +41,7 @@ pub fn run(config: Config) -> i32 {
         Ok(token) => token,
         Err(message) => {
             log::line(format_args!("{message}"));
-            return 2;
+            return ExitCode::from(2);
         }
     };
     if token.is_none() {
@@ -51,7 +53,7 @@ pub fn run(config: Config) -> i32 {
         Ok(listener) => listener,
         Err(e) => {
             log::line(format_args!("cannot listen on {}: {e}", config.listen));
-            return 1;
+            return ExitCode::FAILURE;
         }
     };
     let address = listener
@@ -81,7 +83,7 @@ pub fn run(config: Config) -> i32 {
         Ok(server) => server,
         Err(e) => {
             log::line(format_args!("cannot start the server: {e}"));
-            return 1;
+            return ExitCode::FAILURE;
         }
     };
     log::line(format_args!(
@@ -112,37 +114,23 @@ pub fn run(config: Config) -> i32 {
             "drain timeout of {drain_timeout:?} reached; exiting with requests in flight"
         ));
     }
-    0
+    ExitCode::SUCCESS
 }
 
-/// The token from `--access-token-file`, else `SANDBOXD_ACCESS_TOKEN`; surrounding whitespace
-/// (a trailing newline) is not part of it, and an empty token is refused.
-///
-/// Whichever source is used, a `SANDBOXD_ACCESS_TOKEN` in the environment is then overwritten
-/// where the kernel shows it (`/proc/<pid>/environ`, readable for the daemon's whole life) and
-/// removed from the environment, so the secret stays only in the daemon's own memory.
+/// The token (`token::load`), after which `SANDBOXD_ACCESS_TOKEN` is overwritten where the
+/// kernel shows it (`/proc/<pid>/environ`, readable for the daemon's whole life) and removed
+/// from the environment, whichever source was used, so the secret stays only in the daemon's
+/// own memory.
 fn load_token(config: &Config) -> Result<Option<String>, String> {
-    let from_env = std::env::var("SANDBOXD_ACCESS_TOKEN").ok();
+    let from_env = std::env::var(ACCESS_TOKEN.env).ok();
     scrub_env_token();
-    let token = match &config.access_token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read access token file '{}': {e}", path.display()))?,
-        None => match from_env {
-            Some(token) => token,
-            None => return Ok(None),
-        },
-    };
-    let token = token.trim();
-    if token.is_empty() {
-        return Err("the access token is empty".into());
-    }
-    Ok(Some(token.to_string()))
+    token::load(config.access_token_file.as_deref(), from_env)
 }
 
 /// Overwrites and removes `SANDBOXD_ACCESS_TOKEN` from the environment; logs when it cannot.
 /// Runs before any thread is started (`sys::env` refuses otherwise).
 fn scrub_env_token() {
-    const NAME: &str = "SANDBOXD_ACCESS_TOKEN";
+    const NAME: &str = ACCESS_TOKEN.env;
     if std::env::var_os(NAME).is_none() {
         return;
     }

@@ -21,3 +21,4 @@ pub mod notify;
 pub mod routes;
 pub mod stats;
 pub mod sys;
+pub mod token;

@@ -1,43 +1,45 @@
-//! Entry point: parse the command line, then serve or run a subcommand. Bad usage exits 2.
+//! Entry point: parse the command line, then serve or run a subcommand. Bad usage exits 2; the
+//! daemon and the subcommands choose their own exit codes.
+
+use std::process::ExitCode;
 
 use sandboxd::api::init::ENVD_VERSION;
 use sandboxd::config::{self, Command};
 use sandboxd::{cli, daemon};
 
-fn main() {
+fn main() -> ExitCode {
     let args: Vec<String> = match std::env::args_os()
         .skip(1)
         .map(|a| a.into_string())
         .collect()
     {
         Ok(args) => args,
-        Err(arg) => usage_error(&format!("argument {arg:?} is not valid UTF-8")),
+        Err(arg) => return usage_error(&format!("argument {arg:?} is not valid UTF-8")),
     };
     let command = match config::parse(&args, &|name| std::env::var(name).ok()) {
         Ok(command) => command,
-        Err(message) => usage_error(&message),
+        Err(message) => return usage_error(&message),
     };
-    let code = match command {
+    match command {
         Command::Help => {
-            print!("{}", config::USAGE);
-            0
+            print!("{}", config::help());
+            ExitCode::SUCCESS
         }
         Command::Version => {
             println!("sandboxd {}", env!("CARGO_PKG_VERSION"));
-            0
+            ExitCode::SUCCESS
         }
         Command::EnvdVersion => {
             println!("{}", ENVD_VERSION);
-            0
+            ExitCode::SUCCESS
         }
         Command::Healthcheck(addr) => cli::healthcheck(addr),
         Command::Sign(request) => cli::sign(&request),
         Command::Serve(config) => daemon::run(config),
-    };
-    std::process::exit(code);
+    }
 }
 
-fn usage_error(message: &str) -> ! {
+fn usage_error(message: &str) -> ExitCode {
     eprintln!("sandboxd: {message} (see 'sandboxd --help')");
-    std::process::exit(2);
+    ExitCode::from(2)
 }

@@ -1,0 +1,348 @@
+//! The option table: every daemon option once, with its flag, environment variable, value
+//! placeholder, default, help sentence and parser. `Config` is built from it (`super`), and
+//! `--help` and the README's configuration table are rendered from it (`super::usage`).
+//!
+//! An option that fills a `Config` field is a [`Setting`]: its row ([`Opt`]) and the parser of
+//! its text. Code reads a setting through its constant (`LISTEN`), never through a flag string,
+//! so a misspelt option does not compile. A default is either text, parsed like a given value
+//! (so the default users read is the default they get), or words for a computed or absent
+//! value, which the setting's `absent` gives.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What users read about one option: one line of `--help`, one row of the README's table.
+pub struct Opt {
+    /// `--listen`; `None` for the variable that has no flag (the token itself).
+    pub flag: Option<&'static str>,
+    pub env: &'static str,
+    /// The value's placeholder after the flag: `ADDR`.
+    pub value: &'static str,
+    pub default: Fallback,
+    /// One sentence, in Markdown (`--help` drops the backticks).
+    pub help: &'static str,
+}
+
+/// An option's value when neither its flag nor its variable gives one.
+pub enum Fallback {
+    /// This text, parsed like a given value.
+    Text(&'static str),
+    /// Computed or absent, as these words say; the setting's `absent` gives the value.
+    Words(&'static str),
+}
+
+/// A daemon option feeding one `Config` field of type `T`.
+pub struct Setting<T> {
+    pub opt: Opt,
+    /// The text (given, or the default's) into a value; the first argument is the flag, for
+    /// error messages.
+    parse: fn(&str, &str) -> Result<T, String>,
+    /// The value when there is no text at all (a [`Fallback::Words`] default).
+    absent: Option<fn() -> T>,
+}
+
+impl Opt {
+    /// The name error messages use: the flag, else the variable.
+    pub fn name(&self) -> &'static str {
+        self.flag.unwrap_or(self.env)
+    }
+}
+
+impl<T> Setting<T> {
+    /// The value of `text`, the flag's or else the variable's; without it, the default.
+    pub(super) fn read(&self, text: Option<&str>) -> Result<T, String> {
+        let name = self.opt.name();
+        match (text, &self.opt.default, self.absent) {
+            (Some(text), _, _) | (None, &Fallback::Text(text), _) => (self.parse)(name, text),
+            (None, &Fallback::Words(_), Some(absent)) => Ok(absent()),
+            (None, &Fallback::Words(_), None) => Err(format!("{name} needs a value")),
+        }
+    }
+}
+
+/// Every option, in the order `--help` and the README list them.
+pub const OPTIONS: &[Opt] = &[
+    LISTEN.opt,
+    ACCESS_TOKEN_FILE.opt,
+    ACCESS_TOKEN,
+    INIT_TOKEN_HASH_FILE.opt,
+    DEFAULT_USER.opt,
+    DEFAULT_WORKDIR.opt,
+    PASSWD_FILE.opt,
+    WORKERS.opt,
+    HEADER_TIMEOUT.opt,
+    IDLE_TIMEOUT.opt,
+    DRAIN_TIMEOUT.opt,
+    SEND_TIMEOUT.opt,
+    BODY_TIMEOUT.opt,
+    PROC_ROOT.opt,
+    CGROUP_ROOT.opt,
+];
+
+pub const LISTEN: Setting<SocketAddr> = Setting {
+    opt: Opt {
+        flag: Some("--listen"),
+        env: "SANDBOXD_LISTEN",
+        value: "ADDR",
+        default: Fallback::Text("0.0.0.0:49983"),
+        help: "address to listen on",
+    },
+    parse: parse_addr,
+    absent: None,
+};
+
+pub const ACCESS_TOKEN_FILE: Setting<Option<PathBuf>> = Setting {
+    opt: Opt {
+        flag: Some("--access-token-file"),
+        env: "SANDBOXD_ACCESS_TOKEN_FILE",
+        value: "PATH",
+        default: Fallback::Words("none"),
+        help: "file holding the token (surrounding whitespace ignored)",
+    },
+    parse: |_, text| non_empty_path(text).map(Some),
+    absent: Some(|| None),
+};
+
+/// The token itself. Not parsed into `Config`: the daemon and `sign` read it at start, and the
+/// daemon then scrubs it from its environment.
+pub const ACCESS_TOKEN: Opt = Opt {
+    flag: None,
+    env: "SANDBOXD_ACCESS_TOKEN",
+    value: "TOKEN",
+    default: Fallback::Words("none"),
+    help: "the token itself (no flag: a flag's value shows in `ps`)",
+};
+
+/// Read on every `/init` that needs it (SPEC §9).
+pub const INIT_TOKEN_HASH_FILE: Setting<Option<PathBuf>> = Setting {
+    opt: Opt {
+        flag: Some("--init-token-hash-file"),
+        env: "SANDBOXD_INIT_TOKEN_HASH_FILE",
+        value: "PATH",
+        default: Fallback::Words("none"),
+        help: "hex SHA-256 of a token `/init` may set without the current one (read per request)",
+    },
+    parse: |_, text| non_empty_path(text).map(Some),
+    absent: Some(|| None),
+};
+
+pub const DEFAULT_USER: Setting<String> = Setting {
+    opt: Opt {
+        flag: Some("--default-user"),
+        env: "SANDBOXD_DEFAULT_USER",
+        value: "NAME",
+        default: Fallback::Text("root"),
+        help: "user for paths and ownership when a request names none",
+    },
+    parse: |flag, text| match text {
+        "" => Err(format!("{flag} must not be empty")),
+        user => Ok(user.into()),
+    },
+    absent: None,
+};
+
+/// Empty means unset, as when not given.
+pub const DEFAULT_WORKDIR: Setting<Option<PathBuf>> = Setting {
+    opt: Opt {
+        flag: Some("--default-workdir"),
+        env: "SANDBOXD_DEFAULT_WORKDIR",
+        value: "PATH",
+        default: Fallback::Words("the user's home"),
+        help: "where an empty path points",
+    },
+    parse: |flag, text| match text {
+        "" => Ok(None),
+        path => absolute_path(flag, path).map(Some),
+    },
+    absent: Some(|| None),
+};
+
+pub const PASSWD_FILE: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--passwd-file"),
+        env: "SANDBOXD_PASSWD_FILE",
+        value: "PATH",
+        default: Fallback::Text("/etc/passwd"),
+        help: "users (read on each request: users are added at run time)",
+    },
+    parse: |_, text| non_empty_path(text),
+    absent: None,
+};
+
+pub const WORKERS: Setting<usize> = Setting {
+    opt: Opt {
+        flag: Some("--workers"),
+        env: "SANDBOXD_WORKERS",
+        value: "N",
+        default: Fallback::Words("4 × CPUs, 4..64"),
+        help: "worker threads; they block on disks and slow clients",
+    },
+    parse: |_, text| parse_workers(text),
+    absent: Some(default_workers),
+};
+
+pub const HEADER_TIMEOUT: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--header-timeout"),
+        env: "SANDBOXD_HEADER_TIMEOUT",
+        value: "SECS",
+        default: Fallback::Text("10"),
+        help: "a request head must be complete within this",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
+/// SPEC §1, §10: envd's 640 s, above the 620 s for which E2B's orchestrator proxy keeps an idle
+/// pooled connection to the sandbox, so the proxy always closes first and never sends a request
+/// on a connection sandboxd is closing.
+pub const IDLE_TIMEOUT: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--idle-timeout"),
+        env: "SANDBOXD_IDLE_TIMEOUT",
+        value: "SECS",
+        default: Fallback::Text("640"),
+        help: "idle keep-alive connections are closed after this (envd's 640 s, above the 620 s \
+               E2B's orchestrator proxy keeps an idle connection, so the proxy always closes \
+               first)",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
+pub const DRAIN_TIMEOUT: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--drain-timeout"),
+        env: "SANDBOXD_DRAIN_TIMEOUT",
+        value: "SECS",
+        default: Fallback::Text("10"),
+        help: "on SIGTERM, longest wait for requests in flight",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
+pub const SEND_TIMEOUT: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--send-timeout"),
+        env: "SANDBOXD_SEND_TIMEOUT",
+        value: "SECS",
+        default: Fallback::Text("30"),
+        help: "a client that reads nothing of a response for this long is dropped",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
+pub const BODY_TIMEOUT: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--body-timeout"),
+        env: "SANDBOXD_BODY_TIMEOUT",
+        value: "SECS",
+        default: Fallback::Text("30"),
+        help: "a client that sends no body bytes for this long is dropped; past it, a body \
+               averaging under 500 bytes/s is cut too (a trickle cannot hold a worker)",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
+pub const PROC_ROOT: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--proc-root"),
+        env: "SANDBOXD_PROC_ROOT",
+        value: "PATH",
+        default: Fallback::Text("/proc"),
+        help: "source of process and memory figures (tests use fixtures)",
+    },
+    parse: |_, text| non_empty_path(text),
+    absent: None,
+};
+
+pub const CGROUP_ROOT: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--cgroup-root"),
+        env: "SANDBOXD_CGROUP_ROOT",
+        value: "PATH",
+        default: Fallback::Text("/sys/fs/cgroup"),
+        help: "source of the container's limits",
+    },
+    parse: |_, text| non_empty_path(text),
+    absent: None,
+};
+
+/// Four workers per CPU: they block on disks and slow clients, not only on the CPU.
+pub fn default_workers() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus * 4).clamp(4, 64)
+}
+
+pub fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
+    text.parse()
+        .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:49983"))
+}
+
+fn parse_workers(text: &str) -> Result<usize, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (1..=1024).contains(n))
+        .ok_or_else(|| format!("--workers must be between 1 and 1024, not '{text}'"))
+}
+
+fn parse_seconds(flag: &str, text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{flag} must be a number of seconds in (0, 86400], not '{text}'"))
+}
+
+fn non_empty_path(text: &str) -> Result<PathBuf, String> {
+    if text.is_empty() {
+        Err("a path option must not be empty".into())
+    } else {
+        Ok(PathBuf::from(text))
+    }
+}
+
+fn absolute_path(flag: &str, text: &str) -> Result<PathBuf, String> {
+    if text.starts_with('/') {
+        Ok(PathBuf::from(text))
+    } else {
+        Err(format!("{flag} must be an absolute path, not '{text}'"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_variables_are_unique_and_well_formed() {
+        for (i, opt) in OPTIONS.iter().enumerate() {
+            assert!(opt.env.starts_with("SANDBOXD_"), "{}", opt.env);
+            assert!(opt.flag.is_none_or(|f| f.starts_with("--")), "{}", opt.env);
+            for other in &OPTIONS[i + 1..] {
+                assert_ne!(opt.env, other.env);
+                assert!(
+                    opt.flag.is_none() || opt.flag != other.flag,
+                    "{}",
+                    opt.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_default_given_as_text_is_parsed_like_a_value() {
+        assert_eq!(
+            LISTEN.read(None).unwrap(),
+            "0.0.0.0:49983".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(IDLE_TIMEOUT.read(None).unwrap(), Duration::from_secs(640));
+        assert_eq!(WORKERS.read(None).unwrap(), default_workers());
+        assert_eq!(WORKERS.read(Some("7")).unwrap(), 7);
+        assert_eq!(DEFAULT_WORKDIR.read(Some("")).unwrap(), None);
+    }
+}

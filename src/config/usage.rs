@@ -1,0 +1,138 @@
+//! `--help` and the README's configuration table, both rendered from the option table
+//! (`super::options`). The README holds its copy between two marker comments; a test here fails
+//! when it differs and says how to rewrite it.
+
+use super::options::{Fallback, OPTIONS};
+
+const HEAD: &str = "\
+sandboxd: the HTTP daemon inside a sandbox (files, compose, metrics, environment)
+
+Usage:
+  sandboxd [OPTIONS]                 serve
+  sandboxd --healthcheck [ADDR]      probe a running daemon's /health; exit 0 if healthy
+  sandboxd sign PATH [SIGN OPTIONS]  print a signed download/upload URL
+  sandboxd --help | --version
+  sandboxd -version                  print only the envd API level implemented (as envd does)
+
+Options (each also read from the environment variable shown; the flag wins; SECS may be
+fractional):
+";
+
+const TAIL: &str = "
+Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
+  --username NAME   --operation read|write [read]   --expires-in SECS [3600]
+  --v1 (envd-compatible signature)   --url BASE [http://127.0.0.1:49983]
+";
+
+/// Help sentences are wrapped to this many columns, indented this far.
+const WIDTH: usize = 96;
+const INDENT: usize = 6;
+
+/// The text `sandboxd --help` prints.
+pub fn help() -> String {
+    let mut out = String::from(HEAD);
+    for opt in OPTIONS {
+        let flag = match opt.flag {
+            Some(flag) => format!("{flag} {}", opt.value),
+            None => "(no flag)".to_string(),
+        };
+        let default = match opt.default {
+            Fallback::Text(text) | Fallback::Words(text) => text,
+        };
+        out.push_str(&format!("  {flag:<24}  {:<26}  [{default}]\n", opt.env));
+        wrap(&opt.help.replace('`', ""), &mut out);
+    }
+    out.push_str(TAIL);
+    out
+}
+
+/// The README's configuration table, in Markdown (only the README test needs it).
+#[cfg(test)]
+fn markdown() -> String {
+    let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for opt in OPTIONS {
+        let flag = match opt.flag {
+            Some(flag) => format!("`{flag} {}`", opt.value),
+            None => "(none)".to_string(),
+        };
+        let default = match opt.default {
+            Fallback::Text(text) => format!("`{text}`"),
+            Fallback::Words(words) => words.to_string(),
+        };
+        let (env, help) = (opt.env, opt.help);
+        out.push_str(&format!("| {flag} | `{env}` | {default} | {help} |\n"));
+    }
+    out
+}
+
+/// Appends `text` wrapped to [`WIDTH`] columns, each line indented by [`INDENT`].
+fn wrap(text: &str, out: &mut String) {
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let len = line.chars().count();
+        if len > 0 && INDENT + len + 1 + word.chars().count() > WIDTH {
+            push_line(&line, out);
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        push_line(&line, out);
+    }
+}
+
+fn push_line(line: &str, out: &mut String) {
+    out.push_str(&" ".repeat(INDENT));
+    out.push_str(line);
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEGIN: &str = "<!-- options:begin: generated from src/config/options.rs; \
+        UPDATE_README=1 cargo test --lib readme_configuration_table rewrites it -->\n";
+    const END: &str = "<!-- options:end -->";
+
+    /// The README's table is the rendered option table. `UPDATE_README=1` rewrites it.
+    #[test]
+    fn readme_configuration_table_is_the_option_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        let readme = std::fs::read_to_string(path).unwrap();
+        let (before, rest) = readme
+            .split_once(BEGIN)
+            .expect("README.md has no options:begin");
+        let (block, after) = rest.split_once(END).expect("README.md has no options:end");
+        let expected = markdown();
+        if block == expected {
+            return;
+        }
+        if std::env::var_os("UPDATE_README").is_some() {
+            std::fs::write(path, format!("{before}{BEGIN}{expected}{END}{after}")).unwrap();
+            return;
+        }
+        panic!(
+            "README.md's configuration table differs from the option table in \
+             src/config/options.rs. Rewrite it with\n  \
+             UPDATE_README=1 cargo test --lib readme_configuration_table\n\
+             Expected between the markers:\n{expected}"
+        );
+    }
+
+    #[test]
+    fn help_lists_every_option_with_its_variable_and_default() {
+        let help = help();
+        for opt in OPTIONS {
+            assert!(help.contains(opt.env), "{}", opt.env);
+            if let Some(flag) = opt.flag {
+                assert!(help.contains(&format!("  {flag} {} ", opt.value)), "{flag}");
+            }
+        }
+        assert!(help.contains("SANDBOXD_IDLE_TIMEOUT       [640]"), "{help}");
+        assert!(help.lines().all(|l| l.chars().count() <= WIDTH), "{help}");
+    }
+}
