@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sandboxd::auth::{self, Operation};
+use sandboxd::{signed_url_query, Operation};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -725,11 +725,11 @@ fn expired_and_malformed_signatures() {
         .unwrap()
         .as_secs() as i64;
     for version in [1, 2] {
-        let query = auth::signed_url_query("f", Operation::Read, "user", TOKEN, now - 10, version);
+        let query = signed_url_query("f", Operation::Read, "user", TOKEN, now - 10, version);
         daemon
             .call_with("GET", &format!("/files?{query}"), &[], b"")
             .assert_error(401, "signature is already expired");
-        let query = auth::signed_url_query("f", Operation::Read, "user", TOKEN, now + 60, version);
+        let query = signed_url_query("f", Operation::Read, "user", TOKEN, now + 60, version);
         assert_eq!(
             daemon
                 .call_with("GET", &format!("/files?{query}"), &[], b"")
@@ -870,7 +870,7 @@ fn try_set_modified(path: &Path, time: SystemTime) -> bool {
 fn imf_date(reply: &Reply, name: &str) -> i64 {
     let value = reply.header(name).unwrap_or_else(|| panic!("no {name}"));
     assert_eq!(value.len(), 29, "{name}: {value:?} is not an IMF-fixdate");
-    sandboxd::http::date::parse(value).unwrap_or_else(|| panic!("{name}: {value:?}"))
+    sandboxd_http::date::parse(value).unwrap_or_else(|| panic!("{name}: {value:?}"))
 }
 
 fn now_secs() -> i64 {

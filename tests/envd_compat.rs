@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use sandboxd::api::init::ENVD_VERSION;
+use sandboxd::ENVD_VERSION;
 use sha2::{Digest, Sha256};
 
 const UNAUTHORIZED: &str =

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use sandboxd::routes::ROUTES;
+use sandboxd::ROUTES;
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;

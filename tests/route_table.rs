@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use sandboxd::routes::ROUTES;
+use sandboxd::ROUTES;
 
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
 

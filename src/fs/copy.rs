@@ -39,7 +39,8 @@ impl Appender {
     }
 
     /// An appender that never tries the methods switched off (for tests of the fallbacks).
-    pub fn with_methods(dst: &Metadata, clone: bool, copy_range: bool) -> Appender {
+    #[cfg(test)]
+    fn with_methods(dst: &Metadata, clone: bool, copy_range: bool) -> Appender {
         Appender {
             try_clone: clone,
             try_copy_range: copy_range,

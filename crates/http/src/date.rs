@@ -89,14 +89,14 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 }
 
 /// A `Date` header value cached per second, since formatting on every response is waste.
-pub struct DateCache {
+pub(crate) struct DateCache {
     secs: i64,
     text: String,
 }
 
 impl DateCache {
     /// A cache holding no date yet.
-    pub fn new() -> DateCache {
+    pub(crate) fn new() -> DateCache {
         DateCache {
             secs: i64::MIN,
             text: String::new(),
@@ -104,7 +104,7 @@ impl DateCache {
     }
 
     /// The current second as an HTTP date, formatted once per second.
-    pub fn now(&mut self) -> &str {
+    pub(crate) fn now(&mut self) -> &str {
         let now = now_unix();
         if now != self.secs {
             self.secs = now;
