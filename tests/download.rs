@@ -48,12 +48,12 @@ fn send(daemon: &Daemon, method: &str, target: &str, headers: &[(&str, &str)]) -
 /// The byte at `offset` of the patterned test files: the little-endian bytes of `offset / 8`, so
 /// a byte sent from the wrong offset never matches.
 fn pattern_byte(offset: u64) -> u8 {
-    ((offset / 8) >> (8 * (offset % 8))) as u8
+    (offset / 8).to_le_bytes()[(offset % 8) as usize]
 }
 
 fn write_pattern(path: &Path, len: u64) {
     let mut file = File::create(path).unwrap();
-    let mut chunk = vec![0u8; MIB as usize];
+    let mut chunk = vec![0u8; usize::try_from(MIB).unwrap()];
     let mut offset = 0;
     while offset < len {
         let n = (len - offset).min(MIB) as usize;
@@ -720,10 +720,7 @@ fn signed_urls_from_sandboxd_sign() {
 fn expired_and_malformed_signatures() {
     let daemon = start();
     write_file(&daemon.home().join("f"), b"x");
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = now_secs();
     for version in [1, 2] {
         let query = signed_url_query("f", Operation::Read, "user", TOKEN, now - 10, version);
         daemon
@@ -874,10 +871,11 @@ fn imf_date(reply: &Reply, name: &str) -> i64 {
 }
 
 fn now_secs() -> i64 {
-    SystemTime::now()
+    let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64
+        .as_secs();
+    i64::try_from(secs).unwrap()
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{enc, files_under, is_root, temporaries, Daemon, Mount, Reply, TOKEN};
+use common::{enc, files_under, is_root, low_byte, temporaries, Daemon, Mount, Reply, TOKEN};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -28,7 +28,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
             13 => b'\r',
             14 => b'\n',
             15 | 16 => b'-',
-            _ => (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8,
+            _ => low_byte(i).wrapping_mul(31).wrapping_add(seed) ^ low_byte(i >> 11),
         })
         .collect()
 }
@@ -874,7 +874,9 @@ fn killed_at_random_instants_an_upload_to_a_new_file_leaves_nothing_behind() {
         let writer = std::thread::spawn(move || {
             let _ = stream.write_all(&request);
         });
-        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        let delay = Duration::from_micros(
+            rng.below(u64::try_from(full.as_micros()).unwrap() * 13 / 10 + 1),
+        );
         std::thread::sleep(delay);
         daemon.signal("KILL");
         assert!(daemon.wait(Duration::from_secs(5)).is_some());

@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 
-use common::{enc, files_under, temporaries, Daemon, Reply, TOKEN, USER_GID, USER_UID};
+use common::{enc, files_under, low_byte, temporaries, Daemon, Reply, TOKEN, USER_GID, USER_UID};
 use flate2::write::GzEncoder;
 use flate2::{Compress, Compression, Crc, FlushCompress};
 use serde_json::json;
@@ -33,7 +33,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
             13 => b'\r',
             14 => b'\n',
             15 | 16 => b'-',
-            _ => ((i / 7) as u8).wrapping_mul(31).wrapping_add(seed),
+            _ => low_byte(i / 7).wrapping_mul(31).wrapping_add(seed),
         })
         .collect()
 }

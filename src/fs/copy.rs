@@ -152,8 +152,10 @@ mod tests {
     use std::io::Write;
 
     fn pattern(seed: u8, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        (0..=u8::MAX)
+            .cycle()
+            .take(len)
+            .map(|i| i.wrapping_mul(31).wrapping_add(seed))
             .collect()
     }
 

@@ -227,7 +227,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        i32::try_from(self.child.id()).expect("a pid fits in pid_t")
     }
 
     pub fn signal(&self, signal: &str) {
@@ -333,6 +333,11 @@ pub fn write_file(path: &Path, contents: &[u8]) {
     std::fs::write(path, contents).unwrap();
 }
 
+/// The low byte of `n`: test patterns wrap around on purpose.
+pub fn low_byte(n: usize) -> u8 {
+    n.to_le_bytes()[0]
+}
+
 /// Percent-encodes a query value.
 pub fn enc(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
@@ -401,7 +406,8 @@ impl Rng {
             .unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
+                    .ok()
+                    .and_then(|d| u64::try_from(d.as_nanos()).ok())
                     .unwrap_or(1)
                     | 1
             });
