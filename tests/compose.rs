@@ -2,8 +2,6 @@
 //! sources, every validation error with nothing touched, ownership, limits, a full disk, a kill
 //! at random moments, and reflinks on XFS.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
@@ -12,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{is_root, low_byte, temporaries, Daemon, Mount, Reply};
+use crate::common;
+use crate::common::{is_root, low_byte, temporaries, Daemon, Mount, Reply};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;

@@ -1,14 +1,13 @@
 //! GET and HEAD /files against the real binary (SPEC §6, with §2-§4 as they apply to it).
 
-mod common;
-
-use common::*;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common;
+use crate::common::*;
 use sandboxd::{signed_url_query, Operation};
 
 const MIB: u64 = 1024 * 1024;

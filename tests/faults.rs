@@ -6,15 +6,14 @@
 //! slowloris head, the flood under `ulimit -n 64` and the 503 queue are in `http_layer.rs`; a
 //! full disk in `upload.rs` and `compose.rs`; SIGKILL during compose in `compose.rs`.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common;
+use crate::common::*;
 use sandboxd::ROUTES;
 use serde_json::json;
 

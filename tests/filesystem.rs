@@ -2,11 +2,10 @@
 //! MakeDir, Move, Remove, as the SDKs call them (unary JSON, `Authorization: Basic` for the
 //! user).
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use common::{start, Daemon, Reply, TOKEN, USER_GID, USER_UID};
+use crate::common;
+use crate::common::{start, Daemon, Reply, TOKEN, USER_GID, USER_UID};
 use serde_json::{json, Value};
 
 /// `base64("user:")`, as the SDKs send the user.

@@ -1,9 +1,8 @@
 //! `GET /metrics` (SPEC §7) against fixture /proc and cgroup roots, and against the real machine.
 
-mod common;
-
-use common::*;
 use std::path::Path;
+
+use crate::common::*;
 
 const FIELDS: [&str; 10] = [
     "ts",

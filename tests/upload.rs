@@ -2,8 +2,6 @@
 //! byte, curl, `100 Continue`, parallel parts composed, signed URLs, ownership, every error,
 //! a full disk, a client that vanishes mid-body, and memory that does not grow with the body.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -11,7 +9,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{enc, files_under, is_root, low_byte, temporaries, Daemon, Mount, Reply, TOKEN};
+use crate::common;
+use crate::common::{
+    enc, files_under, is_root, low_byte, temporaries, Daemon, Mount, Reply, TOKEN,
+};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;

@@ -3,13 +3,14 @@
 //! answered 400 with nothing placed, other codings 415, and a 1 GiB bomb that costs disk, not
 //! memory.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 
-use common::{enc, files_under, low_byte, temporaries, Daemon, Reply, TOKEN, USER_GID, USER_UID};
+use crate::common;
+use crate::common::{
+    enc, files_under, low_byte, temporaries, Daemon, Reply, TOKEN, USER_GID, USER_UID,
+};
 use flate2::write::GzEncoder;
 use flate2::{Compress, Compression, Crc, FlushCompress};
 use serde_json::json;

@@ -1,6 +1,5 @@
 //! Test harness: starts the real `sandboxd` binary on 127.0.0.1:0 with a temp dir, a passwd file
 //! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
-#![allow(dead_code)]
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
