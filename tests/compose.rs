@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::{is_root, low_byte, temporaries, Daemon, Mount, Reply};
+use crate::common::{is_root, low_byte, root_or_skip, temporaries, Daemon, Mount, Reply};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -361,8 +361,7 @@ fn ten_thousand_sources_are_accepted_and_one_more_refused() {
 
 #[test]
 fn the_file_and_created_directories_belong_to_the_user() {
-    if !is_root() {
-        eprintln!("skipped: chown to uid {} needs root", common::USER_UID);
+    if !root_or_skip(&format!("chown to uid {} needs root", common::USER_UID)) {
         return;
     }
     let daemon = start();
@@ -497,8 +496,7 @@ fn one_gib_in_total_with_empty_sources_between() {
 
 #[test]
 fn a_full_disk_is_507_and_touches_nothing() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !root_or_skip("mounting a small tmpfs needs root") {
         return;
     }
     let daemon = start();
@@ -688,8 +686,7 @@ fn script() -> PathBuf {
 
 #[test]
 fn on_xfs_with_reflink_four_256_mib_sources_compose_in_under_50_ms_sharing_extents() {
-    if !is_root() {
-        eprintln!("skipped: the XFS loop mount needs root");
+    if !root_or_skip("the XFS loop mount needs root") {
         return;
     }
     let workspace = tempfile::tempdir().unwrap();
@@ -811,8 +808,7 @@ struct Freezable {
 impl Freezable {
     /// `None` (and a message) where it cannot be made: not root, or no `mkfs.ext4`/`fsfreeze`.
     fn new(at: &Path) -> Option<Freezable> {
-        if !is_root() {
-            eprintln!("skipped: loop mounts and fsfreeze need root");
+        if !root_or_skip("loop mounts and fsfreeze need root") {
             return None;
         }
         for name in ["mkfs.ext4", "fsfreeze"] {
@@ -1059,7 +1055,7 @@ fn composing_over_a_file_keeps_its_permission_bits() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(mode(&home.join("fresh.bin")), 0o644);
-    if is_root() {
+    if root_or_skip("checking the owner set by chown needs root") {
         let meta = fs::metadata(home.join("secret.bin")).unwrap();
         assert_eq!(
             (meta.uid(), meta.gid()),

@@ -923,8 +923,7 @@ fn a_future_modification_time_is_sent_as_the_time_of_the_answer() {
 
 #[test]
 fn dates_past_9999_or_before_year_0_are_never_sent_malformed() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs (which holds such dates) needs root");
+    if !root_or_skip("mounting a tmpfs (which holds such dates) needs root") {
         return;
     }
     let daemon = start();

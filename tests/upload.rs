@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use crate::common::{
-    enc, files_under, is_root, low_byte, temporaries, Daemon, Mount, Reply, TOKEN,
+    enc, files_under, is_root, low_byte, root_or_skip, temporaries, Daemon, Mount, Reply, TOKEN,
 };
 use serde_json::json;
 
@@ -417,8 +417,7 @@ fn a_signed_write_url_uploads_and_a_read_signature_does_not() {
 
 #[test]
 fn files_and_created_directories_belong_to_the_user() {
-    if !is_root() {
-        eprintln!("skipped: chown to uid {} needs root", common::USER_UID);
+    if !root_or_skip(&format!("chown to uid {} needs root", common::USER_UID)) {
         return;
     }
     let daemon = start();
@@ -597,8 +596,7 @@ fn curl_raw_data_binary_and_form_uploads() {
 
 #[test]
 fn a_full_disk_is_507_keeps_the_old_file_and_leaves_no_temporary() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !root_or_skip("mounting a small tmpfs needs root") {
         return;
     }
     let daemon = start();
@@ -781,7 +779,7 @@ fn uploading_over_a_file_keeps_its_permission_bits() {
     assert_eq!(mode(&home.join("mp-new")), 0o644);
     assert_eq!(upload(&daemon, "raw-new", b"n").status, 200);
     assert_eq!(mode(&home.join("raw-new")), 0o644);
-    if is_root() {
+    if root_or_skip("checking the owner set by chown needs root") {
         let meta = fs::metadata(home.join("secret.txt")).unwrap();
         assert_eq!(
             (meta.uid(), meta.gid()),

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::common;
-use crate::common::{enc, files_under, is_root, temporaries, Daemon, Reply, TOKEN};
+use crate::common::{enc, files_under, root_or_skip, temporaries, Daemon, Reply, TOKEN};
 use serde_json::json;
 
 fn start() -> Daemon {
@@ -361,8 +361,7 @@ impl Drop for Ramfs {
 
 #[test]
 fn metadata_on_a_filesystem_without_extended_attributes_is_400() {
-    if !is_root() {
-        eprintln!("skipped: mounting a ramfs needs root");
+    if !root_or_skip("mounting a ramfs needs root") {
         return;
     }
     let daemon = start();

@@ -342,7 +342,23 @@ pub fn enc(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
-/// True when the tests run as root (mounts, chown to another user).
+/// Whether the part of a test that needs root can run (`reason` says what needs it, e.g.
+/// "mounting a tmpfs needs root"): true as root. Otherwise that part is skipped with a message,
+/// unless `SANDBOXD_REQUIRE_ROOT_TESTS=1` (`.ci/run`, which runs as root, sets it): then the
+/// test fails, so a root-only test never passes without having run.
+pub fn root_or_skip(reason: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    if std::env::var_os("SANDBOXD_REQUIRE_ROOT_TESTS").is_some_and(|v| v == "1") {
+        panic!("{reason}, and SANDBOXD_REQUIRE_ROOT_TESTS=1 requires the root-only tests to run");
+    }
+    eprintln!("skipped: {reason}");
+    false
+}
+
+/// True when the tests run as root (mounts, chown to another user). Tests that need root use
+/// [`root_or_skip`]; this is for those that run either way, on a tmpfs as root or on the disk.
 pub fn is_root() -> bool {
     fs::read_to_string("/proc/self/status")
         .ok()
