@@ -393,28 +393,26 @@ fn unix_seconds() -> i64 {
 mod tests {
     use super::*;
     use std::path::PathBuf;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    /// A fixture /proc and cgroup tree in a fresh directory under the temp dir, removed on drop.
+    /// A fixture /proc and cgroup tree in a fresh temporary directory, removed on drop.
     struct Fixture {
-        root: PathBuf,
+        dir: tempfile::TempDir,
     }
 
     impl Fixture {
         /// A 4-CPU, 8 GiB machine: MemAvailable 6 GiB, Cached 1 GiB, SReclaimable 256 MiB, all
         /// four CPUs in the affinity mask; `self/cgroup` as given.
         fn new(name: &str, self_cgroup: &str) -> Fixture {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let root = std::env::temp_dir()
-                .join(format!("sandboxd-stats-{}-{name}-{n}", std::process::id()));
-            let _ = fs::remove_dir_all(&root);
-            fs::create_dir_all(root.join("cgroup")).expect("create fixture");
-            let fx = Fixture { root };
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("sandboxd-stats-{name}-"))
+                .tempdir()
+                .expect("create fixture");
+            fs::create_dir(dir.path().join("cgroup")).expect("create fixture");
+            let fx = Fixture { dir };
             fx.set_proc_stat(1000, 10_000);
             fx.write(
                 "proc/meminfo",
@@ -431,7 +429,7 @@ mod tests {
         }
 
         fn write(&self, rel: &str, text: &str) {
-            let path = self.root.join(rel);
+            let path = self.root().join(rel);
             fs::create_dir_all(path.parent().expect("parent")).expect("create dir");
             fs::write(&path, text).expect("write fixture");
         }
@@ -448,22 +446,20 @@ mod tests {
             );
         }
 
+        fn root(&self) -> &Path {
+            self.dir.path()
+        }
+
         fn proc(&self) -> PathBuf {
-            self.root.join("proc")
+            self.root().join("proc")
         }
 
         fn cgroup(&self) -> PathBuf {
-            self.root.join("cgroup")
+            self.root().join("cgroup")
         }
 
         fn sampler(&self) -> Sampler {
             Sampler::new(&self.proc(), &self.cgroup()).expect("sampler")
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.root);
         }
     }
 
@@ -669,8 +665,8 @@ mod tests {
     #[test]
     fn no_cgroup_at_all() {
         let fx = Fixture::new("none", "");
-        fs::remove_file(fx.root.join("proc/self/cgroup")).expect("rm");
-        fs::remove_file(fx.root.join("proc/self/status")).expect("rm");
+        fs::remove_file(fx.root().join("proc/self/cgroup")).expect("rm");
+        fs::remove_file(fx.root().join("proc/self/status")).expect("rm");
         let m = fx.sampler().sample().expect("sample");
         assert_eq!(host_figures(&m), HOST);
         assert_eq!(m.cpu_count, 4, "online CPUs, no affinity known");
@@ -679,11 +675,11 @@ mod tests {
     #[test]
     fn new_needs_proc_stat_and_meminfo() {
         let fx = Fixture::new("missing", "0::/\n");
-        fs::remove_file(fx.root.join("proc/meminfo")).expect("rm");
+        fs::remove_file(fx.root().join("proc/meminfo")).expect("rm");
         let err = Sampler::new(&fx.proc(), &fx.cgroup()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         assert!(err.to_string().contains("meminfo"), "{err}");
-        fs::remove_file(fx.root.join("proc/stat")).expect("rm");
+        fs::remove_file(fx.root().join("proc/stat")).expect("rm");
         let err = Sampler::new(&fx.proc(), &fx.cgroup()).unwrap_err();
         assert!(err.to_string().contains("stat"), "{err}");
     }
@@ -698,7 +694,7 @@ mod tests {
         fx.write("proc/meminfo", "MemFree: 1 kB\n");
         assert_eq!(s.sample().unwrap_err().kind(), io::ErrorKind::InvalidData);
         fs::write(
-            fx.root.join("proc/meminfo"),
+            fx.root().join("proc/meminfo"),
             b"MemTotal: 1024 kB\n\xff\xfe\n",
         )
         .expect("write");
@@ -720,7 +716,7 @@ mod tests {
         assert_eq!(host_figures(&fx.sampler().sample().expect("sample")), HOST);
         // A missing memory.stat counts as no file pages.
         fx.write("cgroup/memory.current", "314572800\n");
-        fs::remove_file(fx.root.join("cgroup/memory.stat")).expect("rm");
+        fs::remove_file(fx.root().join("cgroup/memory.stat")).expect("rm");
         let m = fx.sampler().sample().expect("sample");
         assert_eq!(
             (m.mem_total, m.mem_used, m.mem_cache),
