@@ -29,7 +29,7 @@ lint:
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features fuzzing -- -D warnings
 
 unit:
 	$(CARGO) test --locked --workspace --lib --bins

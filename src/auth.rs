@@ -338,7 +338,7 @@ mod tests {
     #[test]
     fn hmac_with_block_key_equals_hmac_crate_for_any_key_length() {
         for len in [0usize, 1, 12, 63, 64, 65, 200] {
-            let key: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            let key: Vec<u8> = (0..len).map(|i| u8::try_from(i).unwrap() ^ 0x5a).collect();
             let mut ours = hmac_sha256(&key);
             ours.update(b"message");
             let mut reference = <Hmac<Sha256> as Mac>::new_from_slice(&key).unwrap();

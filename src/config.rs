@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use options::{default_workers, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
+pub use options::{ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 pub use usage::help;
 
 use options::{
@@ -218,6 +218,7 @@ fn local_address(listen: SocketAddr) -> SocketAddr {
 
 #[cfg(test)]
 mod tests {
+    use super::options::default_workers;
     use super::*;
 
     fn args(list: &[&str]) -> Vec<String> {

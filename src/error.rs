@@ -39,10 +39,6 @@ impl ApiError {
         Self::new(404, message)
     }
 
-    pub fn payload_too_large(message: impl Into<String>) -> Self {
-        Self::new(413, message)
-    }
-
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, message)
     }

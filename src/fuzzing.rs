@@ -4,63 +4,8 @@
 //! for any input; a panic or a failed assertion is a finding.
 
 use crate::api::download::{conditional, range};
-use crate::http::chunked::{ChunkedDecoder, Next};
-use crate::http::head::{Head, MAX_HEAD_BYTES};
 use crate::http::query::{self, Query};
 use crate::stats::{affinity, cgroup_detect, cgroup_v1, cgroup_v2, meminfo, proc_stat};
-
-/// Request heads: a parsed head never claims more bytes than given or than the limit.
-pub fn head(data: &[u8]) {
-    if let Ok(Some((head, len))) = Head::parse(data) {
-        assert!(len <= data.len() && len <= MAX_HEAD_BYTES);
-        let _ = (
-            head.method(),
-            head.path(),
-            head.raw_query(),
-            head.header("host"),
-        );
-        let _ = head.header_has_token("connection", "close");
-    }
-}
-
-/// Chunked bodies fed in pieces whose sizes come from the first byte: the data decoded must
-/// not depend on how the input was split.
-pub fn chunked(data: &[u8]) {
-    let Some((&piece, body)) = data.split_first() else {
-        return;
-    };
-    let whole = decode_chunked(body, body.len().max(1));
-    let split = decode_chunked(body, usize::from(piece % 16) + 1);
-    assert_eq!(whole, split);
-}
-
-fn decode_chunked(input: &[u8], piece: usize) -> Result<Vec<u8>, ()> {
-    let mut decoder = ChunkedDecoder::default();
-    let mut out = Vec::new();
-    let mut pos = 0;
-    let mut end = piece.min(input.len());
-    loop {
-        let (used, next) = decoder.advance(&input[pos..end]).map_err(|_| ())?;
-        pos += used;
-        match next {
-            Next::Done => return Ok(out),
-            Next::Data(n) => {
-                let take = usize::try_from(n).unwrap_or(usize::MAX).min(end - pos);
-                out.extend_from_slice(&input[pos..pos + take]);
-                decoder.consumed_data(take as u64);
-                pos += take;
-                if take == 0 && end == input.len() {
-                    return Err(());
-                }
-            }
-            Next::NeedMore if end == input.len() => return Err(()),
-            Next::NeedMore => {}
-        }
-        if pos == end {
-            end = (end + piece).min(input.len());
-        }
-    }
-}
 
 /// Query strings: decoding never panics; a redacted target never contains a signature value.
 pub fn query(data: &[u8]) {

@@ -66,7 +66,8 @@ fn write_stderr(text: &[u8]) {
 }
 
 fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
-    let secs = since_epoch.as_secs() as i64;
+    // Past i64::MAX seconds (in 292 billion years) the timestamp saturates.
+    let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     let time = secs.rem_euclid(86_400);
     let _ = write!(

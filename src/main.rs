@@ -3,9 +3,7 @@
 
 use std::process::ExitCode;
 
-use sandboxd::api::init::ENVD_VERSION;
-use sandboxd::config::{self, Command};
-use sandboxd::{cli, daemon};
+use sandboxd::{Command, ENVD_VERSION};
 
 fn main() -> ExitCode {
     let args: Vec<String> = match std::env::args_os()
@@ -16,13 +14,13 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(arg) => return usage_error(&format!("argument {arg:?} is not valid UTF-8")),
     };
-    let command = match config::parse(&args, &|name| std::env::var(name).ok()) {
+    let command = match sandboxd::parse(&args, &|name| std::env::var(name).ok()) {
         Ok(command) => command,
         Err(message) => return usage_error(&message),
     };
     match command {
         Command::Help => {
-            print!("{}", config::help());
+            print!("{}", sandboxd::help());
             ExitCode::SUCCESS
         }
         Command::Version => {
@@ -33,9 +31,9 @@ fn main() -> ExitCode {
             println!("{}", ENVD_VERSION);
             ExitCode::SUCCESS
         }
-        Command::Healthcheck(addr) => cli::healthcheck(addr),
-        Command::Sign(request) => cli::sign(&request),
-        Command::Serve(config) => daemon::run(config),
+        Command::Healthcheck(addr) => sandboxd::healthcheck(addr),
+        Command::Sign(request) => sandboxd::sign(&request),
+        Command::Serve(config) => sandboxd::run(config),
     }
 }
 

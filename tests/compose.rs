@@ -2,8 +2,6 @@
 //! sources, every validation error with nothing touched, ownership, limits, a full disk, a kill
 //! at random moments, and reflinks on XFS.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
@@ -12,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{is_root, temporaries, Daemon, Mount, Reply};
+use crate::common;
+use crate::common::{is_root, low_byte, root_or_skip, temporaries, Daemon, Mount, Reply};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -59,7 +58,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, String> {
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed) ^ (i >> 12) as u8)
+        .map(|i| low_byte(i).wrapping_mul(7).wrapping_add(seed) ^ low_byte(i >> 12))
         .collect()
 }
 
@@ -338,7 +337,7 @@ fn ten_thousand_sources_are_accepted_and_one_more_refused() {
     fs::create_dir(&dir).unwrap();
     let names: Vec<String> = (0..10_000).map(|i| format!("many/{i:05}")).collect();
     for (i, name) in names.iter().enumerate() {
-        fs::write(daemon.home().join(name), [(i % 251) as u8]).unwrap();
+        fs::write(daemon.home().join(name), [low_byte(i % 251)]).unwrap();
     }
     let mut too_many = names.clone();
     too_many.push(names[0].clone());
@@ -355,15 +354,14 @@ fn ten_thousand_sources_are_accepted_and_one_more_refused() {
         json!({"source_paths": names, "destination": "out"}),
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
-    let expected: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8).collect();
+    let expected: Vec<u8> = (0..10_000).map(|i| low_byte(i % 251)).collect();
     assert_eq!(fs::read(daemon.home().join("out")).unwrap(), expected);
     assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
 }
 
 #[test]
 fn the_file_and_created_directories_belong_to_the_user() {
-    if !is_root() {
-        eprintln!("skipped: chown to uid {} needs root", common::USER_UID);
+    if !root_or_skip(&format!("chown to uid {} needs root", common::USER_UID)) {
         return;
     }
     let daemon = start();
@@ -498,8 +496,7 @@ fn one_gib_in_total_with_empty_sources_between() {
 
 #[test]
 fn a_full_disk_is_507_and_touches_nothing() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !root_or_skip("mounting a small tmpfs needs root") {
         return;
     }
     let daemon = start();
@@ -613,7 +610,9 @@ fn kill_rounds(rounds: usize) {
         reset();
         let mut daemon = start();
         let mut stream = daemon.connect();
-        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        let delay = Duration::from_micros(
+            rng.below(u64::try_from(full.as_micros()).unwrap() * 13 / 10 + 1),
+        );
         stream.write_all(request.as_bytes()).unwrap();
         std::thread::sleep(delay);
         daemon.signal("KILL");
@@ -687,8 +686,7 @@ fn script() -> PathBuf {
 
 #[test]
 fn on_xfs_with_reflink_four_256_mib_sources_compose_in_under_50_ms_sharing_extents() {
-    if !is_root() {
-        eprintln!("skipped: the XFS loop mount needs root");
+    if !root_or_skip("the XFS loop mount needs root") {
         return;
     }
     let workspace = tempfile::tempdir().unwrap();
@@ -718,7 +716,7 @@ fn on_xfs_with_reflink_four_256_mib_sources_compose_in_under_50_ms_sharing_exten
         let path = mnt.join(format!("s{index}"));
         let mut file = fs::File::create(&path).unwrap();
         for mib in 0..256 {
-            block.fill(index as u8 + 1);
+            block.fill(low_byte(index) + 1);
             block[..16].copy_from_slice(&mark(index, mib));
             file.write_all(&block).unwrap();
         }
@@ -760,7 +758,7 @@ fn on_xfs_with_reflink_four_256_mib_sources_compose_in_under_50_ms_sharing_exten
             out.read_exact_at(&mut head, ((index * 256 + mib) * MIB) as u64)
                 .unwrap();
             assert_eq!(head[..16], mark(index, mib), "source {index}, MiB {mib}");
-            assert!(head[16..].iter().all(|&b| b == index as u8 + 1));
+            assert!(head[16..].iter().all(|&b| b == low_byte(index) + 1));
         }
     }
     // Sources are deleted, so shared extents show as space not freed: nothing was copied.
@@ -810,8 +808,7 @@ struct Freezable {
 impl Freezable {
     /// `None` (and a message) where it cannot be made: not root, or no `mkfs.ext4`/`fsfreeze`.
     fn new(at: &Path) -> Option<Freezable> {
-        if !is_root() {
-            eprintln!("skipped: loop mounts and fsfreeze need root");
+        if !root_or_skip("loop mounts and fsfreeze need root") {
             return None;
         }
         for name in ["mkfs.ext4", "fsfreeze"] {
@@ -1058,7 +1055,7 @@ fn composing_over_a_file_keeps_its_permission_bits() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(mode(&home.join("fresh.bin")), 0o644);
-    if is_root() {
+    if root_or_skip("checking the owner set by chown needs root") {
         let meta = fs::metadata(home.join("secret.bin")).unwrap();
         assert_eq!(
             (meta.uid(), meta.gid()),
@@ -1109,7 +1106,9 @@ fn killed_at_random_instants_a_compose_into_a_new_file_leaves_nothing_behind() {
         reset();
         let mut daemon = start();
         let mut stream = daemon.connect();
-        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        let delay = Duration::from_micros(
+            rng.below(u64::try_from(full.as_micros()).unwrap() * 13 / 10 + 1),
+        );
         stream.write_all(request.as_bytes()).unwrap();
         std::thread::sleep(delay);
         daemon.signal("KILL");

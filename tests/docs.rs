@@ -1,7 +1,7 @@
 //! The documents agree with each other and with the code. No daemon: it reads files.
 //!
 //! - docs/spec.md's route index and docs/openapi.yaml list the same routes and methods, each
-//!   with the same statuses, and so does the router's table (`sandboxd::routes::ROUTES`).
+//!   with the same statuses, and so does the router's table (`sandboxd::ROUTES`).
 //! - The section of docs/spec.md a route points to names the route in its heading and mentions
 //!   the method and every status listed for it.
 //! - Every "SPEC §<n>" cited in the code, tests, scripts and documents is a section of
@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use sandboxd::routes::ROUTES;
+use sandboxd::ROUTES;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 

@@ -1,15 +1,14 @@
 //! GET and HEAD /files against the real binary (SPEC §6, with §2-§4 as they apply to it).
 
-mod common;
-
-use common::*;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sandboxd::auth::{self, Operation};
+use crate::common;
+use crate::common::*;
+use sandboxd::{signed_url_query, Operation};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -48,12 +47,12 @@ fn send(daemon: &Daemon, method: &str, target: &str, headers: &[(&str, &str)]) -
 /// The byte at `offset` of the patterned test files: the little-endian bytes of `offset / 8`, so
 /// a byte sent from the wrong offset never matches.
 fn pattern_byte(offset: u64) -> u8 {
-    ((offset / 8) >> (8 * (offset % 8))) as u8
+    (offset / 8).to_le_bytes()[(offset % 8) as usize]
 }
 
 fn write_pattern(path: &Path, len: u64) {
     let mut file = File::create(path).unwrap();
-    let mut chunk = vec![0u8; MIB as usize];
+    let mut chunk = vec![0u8; usize::try_from(MIB).unwrap()];
     let mut offset = 0;
     while offset < len {
         let n = (len - offset).min(MIB) as usize;
@@ -720,16 +719,13 @@ fn signed_urls_from_sandboxd_sign() {
 fn expired_and_malformed_signatures() {
     let daemon = start();
     write_file(&daemon.home().join("f"), b"x");
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = now_secs();
     for version in [1, 2] {
-        let query = auth::signed_url_query("f", Operation::Read, "user", TOKEN, now - 10, version);
+        let query = signed_url_query("f", Operation::Read, "user", TOKEN, now - 10, version);
         daemon
             .call_with("GET", &format!("/files?{query}"), &[], b"")
             .assert_error(401, "signature is already expired");
-        let query = auth::signed_url_query("f", Operation::Read, "user", TOKEN, now + 60, version);
+        let query = signed_url_query("f", Operation::Read, "user", TOKEN, now + 60, version);
         assert_eq!(
             daemon
                 .call_with("GET", &format!("/files?{query}"), &[], b"")
@@ -870,14 +866,15 @@ fn try_set_modified(path: &Path, time: SystemTime) -> bool {
 fn imf_date(reply: &Reply, name: &str) -> i64 {
     let value = reply.header(name).unwrap_or_else(|| panic!("no {name}"));
     assert_eq!(value.len(), 29, "{name}: {value:?} is not an IMF-fixdate");
-    sandboxd::http::date::parse(value).unwrap_or_else(|| panic!("{name}: {value:?}"))
+    sandboxd_http::date::parse(value).unwrap_or_else(|| panic!("{name}: {value:?}"))
 }
 
 fn now_secs() -> i64 {
-    SystemTime::now()
+    let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64
+        .as_secs();
+    i64::try_from(secs).unwrap()
 }
 
 #[test]
@@ -926,8 +923,7 @@ fn a_future_modification_time_is_sent_as_the_time_of_the_answer() {
 
 #[test]
 fn dates_past_9999_or_before_year_0_are_never_sent_malformed() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs (which holds such dates) needs root");
+    if !root_or_skip("mounting a tmpfs (which holds such dates) needs root") {
         return;
     }
     let daemon = start();

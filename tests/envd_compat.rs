@@ -2,12 +2,10 @@
 //! as the orchestrator sends it (§9), `-version` (§1), the Connect paths (§9b), the idle
 //! keep-alive default (§10) and `disk_used` as `df` counts it (§7).
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
-use sandboxd::api::init::ENVD_VERSION;
+use crate::common::*;
+use sandboxd::ENVD_VERSION;
 use sha2::{Digest, Sha256};
 
 const UNAUTHORIZED: &str =

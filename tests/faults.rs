@@ -6,16 +6,15 @@
 //! slowloris head, the flood under `ulimit -n 64` and the 503 queue are in `http_layer.rs`; a
 //! full disk in `upload.rs` and `compose.rs`; SIGKILL during compose in `compose.rs`.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
-use sandboxd::routes::ROUTES;
+use crate::common;
+use crate::common::*;
+use sandboxd::ROUTES;
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -58,7 +57,7 @@ fn answer_then_close(daemon: &Daemon, request: &[u8], head_only: bool) -> Reply 
 /// Bytes that show a byte lost, added or moved.
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .map(|i| low_byte(i).wrapping_mul(31).wrapping_add(seed) ^ low_byte(i >> 12))
         .collect()
 }
 
@@ -700,7 +699,9 @@ fn upload_kill_rounds(rounds: usize) {
     for round in 0..rounds {
         fs::write(&dest, &old).unwrap();
         let mut daemon = start();
-        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        let delay = Duration::from_micros(
+            rng.below(u64::try_from(full.as_micros()).unwrap() * 13 / 10 + 1),
+        );
         let client = send_upload(&daemon, &dest, &new);
         std::thread::sleep(delay);
         daemon.signal("KILL");

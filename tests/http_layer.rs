@@ -1,10 +1,9 @@
 //! The HTTP layer against the real binary: framing, keep-alive, pipelining, limits, timeouts.
 
-mod common;
-
-use common::*;
 use std::io::{BufReader, Read, Write};
 use std::time::{Duration, Instant};
+
+use crate::common::*;
 
 #[test]
 fn every_response_has_date_and_server() {

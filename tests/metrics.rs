@@ -1,9 +1,8 @@
 //! `GET /metrics` (SPEC §7) against fixture /proc and cgroup roots, and against the real machine.
 
-mod common;
-
-use common::*;
 use std::path::Path;
+
+use crate::common::*;
 
 const FIELDS: [&str; 10] = [
     "ts",
@@ -85,21 +84,55 @@ fn metrics_requires_the_token() {
     assert_eq!(daemon.call_with("GET", "/metrics", &[], b"").status, 401);
 }
 
+/// A `/proc/meminfo` field in bytes; 0 when absent.
+fn meminfo_bytes(meminfo: &str, key: &str) -> u64 {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map_or(0, |v| {
+            v.trim().trim_end_matches(" kB").parse::<u64>().unwrap() * 1024
+        })
+}
+
+/// The lower of `a` and `b` less `slack`, and the higher plus `slack`.
+fn around(a: u64, b: u64, slack: u64) -> std::ops::RangeInclusive<u64> {
+    a.min(b).saturating_sub(slack)..=a.max(b) + slack
+}
+
 #[test]
 fn real_machine_figures_match_proc_and_statvfs() {
+    const SLACK: u64 = 64 * 1024 * 1024;
     let daemon = start();
+    let before = std::fs::read_to_string("/proc/meminfo").unwrap();
     let json = daemon.get("/metrics").json();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let mem_total_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
+    let after = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .trim()
-        .trim_end_matches(" kB")
-        .parse()
-        .unwrap();
+        .as_secs();
+    let ts = json["ts"].as_u64().unwrap();
+    assert!(
+        now.saturating_sub(5) <= ts && ts <= now,
+        "ts {ts}, now {now}"
+    );
+    let host_total = meminfo_bytes(&before, "MemTotal");
     let mem_total = json["mem_total"].as_u64().unwrap();
-    assert!(mem_total <= mem_total_kib * 1024);
+    assert!(mem_total <= host_total);
+    if mem_total == host_total {
+        // Not limited by a cgroup: /proc's figures, give or take what changed meanwhile.
+        let used = |m: &str| meminfo_bytes(m, "MemTotal") - meminfo_bytes(m, "MemAvailable");
+        let cache = |m: &str| meminfo_bytes(m, "Cached") + meminfo_bytes(m, "SReclaimable");
+        let mem_used = json["mem_used"].as_u64().unwrap();
+        let mem_cache = json["mem_cache"].as_u64().unwrap();
+        assert!(
+            around(used(&before), used(&after), SLACK).contains(&mem_used),
+            "{json}"
+        );
+        assert!(
+            around(cache(&before), cache(&after), SLACK).contains(&mem_cache),
+            "{json}"
+        );
+    }
     assert_eq!(
         json["mem_total_mib"].as_u64().unwrap(),
         mem_total / (1024 * 1024)

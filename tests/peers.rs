@@ -2,14 +2,12 @@
 //! pipelined answers, requests waiting for a worker past the header deadline, many partial
 //! heads, and the RFC 9112 rules on `Host`. Small scale: one or two workers, a few peers.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{assert_health_within, builder, read_reply, write_file, TOKEN};
+use crate::common::{assert_health_within, builder, low_byte, read_reply, write_file, TOKEN};
 
 /// True when the peer closed `stream` (end of stream or reset), false while it stays open.
 fn is_closed(stream: &mut TcpStream) -> bool {
@@ -28,7 +26,7 @@ fn is_closed(stream: &mut TcpStream) -> bool {
 }
 
 fn pattern(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    (0..len).map(|i| low_byte(i * 7 % 251)).collect()
 }
 
 #[test]

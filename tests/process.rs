@@ -1,12 +1,11 @@
 //! The process: flags, exit codes, signals and drain, readiness notification, logs, subcommands.
 
-mod common;
-
-use common::*;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixDatagram;
 use std::process::Command;
 use std::time::Duration;
+
+use crate::common::*;
 
 fn sandboxd() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sandboxd"));

@@ -2,10 +2,8 @@
 //! answered (not 404/405), every other is 405 with that `Allow`, and the OpenAPI document
 //! describes every route and method.
 
-mod common;
-
-use common::*;
-use sandboxd::routes::ROUTES;
+use crate::common::*;
+use sandboxd::ROUTES;
 
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
 

@@ -1,8 +1,6 @@
 //! Routing, errors, auth, /health, /envs and /init (SPEC §2, §3, §9).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[test]
 fn health_is_204_without_auth() {

@@ -2,8 +2,6 @@
 //! byte, curl, `100 Continue`, parallel parts composed, signed URLs, ownership, every error,
 //! a full disk, a client that vanishes mid-body, and memory that does not grow with the body.
 
-mod common;
-
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -11,7 +9,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{enc, files_under, is_root, temporaries, Daemon, Mount, Reply, TOKEN};
+use crate::common;
+use crate::common::{
+    enc, files_under, is_root, low_byte, root_or_skip, temporaries, Daemon, Mount, Reply, TOKEN,
+};
 use serde_json::json;
 
 const MIB: usize = 1024 * 1024;
@@ -28,7 +29,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
             13 => b'\r',
             14 => b'\n',
             15 | 16 => b'-',
-            _ => (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8,
+            _ => low_byte(i).wrapping_mul(31).wrapping_add(seed) ^ low_byte(i >> 11),
         })
         .collect()
 }
@@ -416,8 +417,7 @@ fn a_signed_write_url_uploads_and_a_read_signature_does_not() {
 
 #[test]
 fn files_and_created_directories_belong_to_the_user() {
-    if !is_root() {
-        eprintln!("skipped: chown to uid {} needs root", common::USER_UID);
+    if !root_or_skip(&format!("chown to uid {} needs root", common::USER_UID)) {
         return;
     }
     let daemon = start();
@@ -596,8 +596,7 @@ fn curl_raw_data_binary_and_form_uploads() {
 
 #[test]
 fn a_full_disk_is_507_keeps_the_old_file_and_leaves_no_temporary() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !root_or_skip("mounting a small tmpfs needs root") {
         return;
     }
     let daemon = start();
@@ -780,7 +779,7 @@ fn uploading_over_a_file_keeps_its_permission_bits() {
     assert_eq!(mode(&home.join("mp-new")), 0o644);
     assert_eq!(upload(&daemon, "raw-new", b"n").status, 200);
     assert_eq!(mode(&home.join("raw-new")), 0o644);
-    if is_root() {
+    if root_or_skip("checking the owner set by chown needs root") {
         let meta = fs::metadata(home.join("secret.txt")).unwrap();
         assert_eq!(
             (meta.uid(), meta.gid()),
@@ -874,7 +873,9 @@ fn killed_at_random_instants_an_upload_to_a_new_file_leaves_nothing_behind() {
         let writer = std::thread::spawn(move || {
             let _ = stream.write_all(&request);
         });
-        let delay = Duration::from_micros(rng.below(full.as_micros() as u64 * 13 / 10 + 1));
+        let delay = Duration::from_micros(
+            rng.below(u64::try_from(full.as_micros()).unwrap() * 13 / 10 + 1),
+        );
         std::thread::sleep(delay);
         daemon.signal("KILL");
         assert!(daemon.wait(Duration::from_secs(5)).is_some());

@@ -6,8 +6,6 @@
 //!
 //! The attributes are read back with the `xattr` crate, not with sandboxd's own wrappers.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufReader, Write};
@@ -16,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{enc, files_under, is_root, temporaries, Daemon, Reply, TOKEN};
+use crate::common;
+use crate::common::{enc, files_under, root_or_skip, temporaries, Daemon, Reply, TOKEN};
 use serde_json::json;
 
 fn start() -> Daemon {
@@ -362,8 +361,7 @@ impl Drop for Ramfs {
 
 #[test]
 fn metadata_on_a_filesystem_without_extended_attributes_is_400() {
-    if !is_root() {
-        eprintln!("skipped: mounting a ramfs needs root");
+    if !root_or_skip("mounting a ramfs needs root") {
         return;
     }
     let daemon = start();

@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| sandboxd::fuzzing::head(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sandboxd_http::fuzzing::head(data));

@@ -274,10 +274,12 @@ fn parse_rfc3339(text: &str) -> Option<i128> {
         if digits == 0 {
             return None;
         }
+        // The first nine digits, padded with zeros to nine: nanoseconds.
         nanos = b[at + 1..at + 1 + digits.min(9)]
             .iter()
-            .fold(0, |acc, &d| acc * 10 + i64::from(d - b'0'))
-            * 10i64.pow(9 - digits.min(9) as u32);
+            .chain(std::iter::repeat(&b'0'))
+            .take(9)
+            .fold(0, |acc, &d| acc * 10 + i64::from(d - b'0'));
         at += 1 + digits;
     }
     let offset = match b.get(at..)? {

@@ -149,12 +149,14 @@ pub mod int64 {
         serializer.collect_str(value)
     }
 
+    #[allow(dead_code)] // no message reads an int64 yet
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
         integer(deserializer)
     }
 }
 
 /// `uint64`: written as a decimal string.
+#[allow(dead_code)] // for the messages still to come (issue 14), like `bytes`
 pub mod uint64 {
     use super::*;
 
@@ -180,6 +182,7 @@ pub mod int32 {
 
 /// `bytes`: written as standard base64 with padding; read in standard or URL-safe base64, with
 /// or without padding.
+#[allow(dead_code)] // for the process service's stdin and output (issue 14)
 pub mod bytes {
     use super::*;
 

@@ -220,11 +220,6 @@ impl Finished {
     pub fn destination(&self) -> &Path {
         &self.destination
     }
-
-    /// Renames it over the destination and syncs the directory.
-    pub fn place(self) -> Result<(), ApiError> {
-        place_all(vec![self])
-    }
 }
 
 /// Makes every file durable, then renames each over its destination, in order, then syncs each

@@ -39,7 +39,8 @@ impl Appender {
     }
 
     /// An appender that never tries the methods switched off (for tests of the fallbacks).
-    pub fn with_methods(dst: &Metadata, clone: bool, copy_range: bool) -> Appender {
+    #[cfg(test)]
+    fn with_methods(dst: &Metadata, clone: bool, copy_range: bool) -> Appender {
         Appender {
             try_clone: clone,
             try_copy_range: copy_range,
@@ -151,8 +152,10 @@ mod tests {
     use std::io::Write;
 
     fn pattern(seed: u8, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        (0..=u8::MAX)
+            .cycle()
+            .take(len)
+            .map(|i| i.wrapping_mul(31).wrapping_add(seed))
             .collect()
     }
 

@@ -139,24 +139,23 @@ crlf:x:1005:1006::/home/crlf:/bin/sh\r
         assert_eq!(parse_passwd("", "root"), None);
     }
 
-    fn temp_file(tag: &str, contents: &[u8]) -> PathBuf {
-        let path =
-            std::env::temp_dir().join(format!("sandboxd-users-{}-{tag}", std::process::id()));
-        std::fs::write(&path, contents).unwrap();
-        path
+    fn temp_file(contents: &[u8]) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), contents).unwrap();
+        file
     }
 
     #[test]
     fn lookup_reads_the_file_each_call() {
-        let path = temp_file("each-call", b"root:x:0:0::/root:/bin/sh\n");
-        let before = lookup(&path, "late");
+        let file = temp_file(b"root:x:0:0::/root:/bin/sh\n");
+        let path = file.path();
+        let before = lookup(path, "late");
         std::fs::write(
-            &path,
+            path,
             b"root:x:0:0::/root:/bin/sh\nlate:x:7:8::/home/late:/bin/sh\n",
         )
         .unwrap();
-        let after = lookup(&path, "late");
-        std::fs::remove_file(&path).unwrap();
+        let after = lookup(path, "late");
         assert_eq!(
             before,
             Err(ApiError::new(
@@ -169,12 +168,10 @@ crlf:x:1005:1006::/home/crlf:/bin/sh\r
 
     #[test]
     fn lookup_survives_non_utf8_bytes() {
-        let path = temp_file(
-            "latin1",
+        let file = temp_file(
             b"j\xf6rg:x:5:5:J\xf6rg:/home/jorg:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
         );
-        let result = lookup(&path, "user");
-        std::fs::remove_file(&path).unwrap();
+        let result = lookup(file.path(), "user");
         assert_eq!(result, Ok(user("user", 1000, 1000, "/home/user")));
     }
 

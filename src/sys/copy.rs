@@ -46,6 +46,8 @@ pub fn copy_file_range(
             0u32,
         )
     };
+    // `syscall` returns a `c_long`, which on Linux has the width of `ssize_t` (the word size).
+    #[allow(clippy::cast_possible_truncation)]
     let copied = check_size(ret as libc::ssize_t)?;
     *src_offset += copied as u64;
     *dst_offset += copied as u64;

@@ -25,9 +25,6 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 
 /// Like [`check`], for calls returning `ssize_t`.
 fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret as usize)
-    }
+    // Negative (-1): the call failed and errno says why.
+    usize::try_from(ret).map_err(|_| io::Error::last_os_error())
 }

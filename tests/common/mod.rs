@@ -1,6 +1,5 @@
 //! Test harness: starts the real `sandboxd` binary on 127.0.0.1:0 with a temp dir, a passwd file
 //! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
-#![allow(dead_code)]
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -227,7 +226,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        i32::try_from(self.child.id()).expect("a pid fits in pid_t")
     }
 
     pub fn signal(&self, signal: &str) {
@@ -333,12 +332,33 @@ pub fn write_file(path: &Path, contents: &[u8]) {
     std::fs::write(path, contents).unwrap();
 }
 
+/// The low byte of `n`: test patterns wrap around on purpose.
+pub fn low_byte(n: usize) -> u8 {
+    n.to_le_bytes()[0]
+}
+
 /// Percent-encodes a query value.
 pub fn enc(value: &str) -> String {
     form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
-/// True when the tests run as root (mounts, chown to another user).
+/// Whether the part of a test that needs root can run (`reason` says what needs it, e.g.
+/// "mounting a tmpfs needs root"): true as root. Otherwise that part is skipped with a message,
+/// unless `SANDBOXD_REQUIRE_ROOT_TESTS=1` (`.ci/run`, which runs as root, sets it): then the
+/// test fails, so a root-only test never passes without having run.
+pub fn root_or_skip(reason: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    if std::env::var_os("SANDBOXD_REQUIRE_ROOT_TESTS").is_some_and(|v| v == "1") {
+        panic!("{reason}, and SANDBOXD_REQUIRE_ROOT_TESTS=1 requires the root-only tests to run");
+    }
+    eprintln!("skipped: {reason}");
+    false
+}
+
+/// True when the tests run as root (mounts, chown to another user). Tests that need root use
+/// [`root_or_skip`]; this is for those that run either way, on a tmpfs as root or on the disk.
 pub fn is_root() -> bool {
     fs::read_to_string("/proc/self/status")
         .ok()
@@ -401,7 +421,8 @@ impl Rng {
             .unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
+                    .ok()
+                    .and_then(|d| u64::try_from(d.as_nanos()).ok())
                     .unwrap_or(1)
                     | 1
             });

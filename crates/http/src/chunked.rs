@@ -239,7 +239,7 @@ mod tests {
             pos += used;
             match next {
                 Next::Data(n) => {
-                    let take = (n as usize).min(end - pos);
+                    let take = usize::try_from(n).unwrap_or(usize::MAX).min(end - pos);
                     data.extend_from_slice(&input[pos..pos + take]);
                     decoder.consumed_data(take as u64);
                     pos += take;

@@ -15,11 +15,18 @@ pub fn format(unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
+    // In range by construction: `rem_euclid(7)` is in 0..7, `civil_from_days` gives a month in
+    // 1..=12.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let (weekday, month) = (
+        DAYS[days.rem_euclid(7) as usize],
+        MONTHS[(month - 1) as usize],
+    );
     format!(
         "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        DAYS[days.rem_euclid(7) as usize],
+        weekday,
         day,
-        MONTHS[(month - 1) as usize],
+        month,
         year,
         secs / 3600,
         secs / 60 % 60,
@@ -51,7 +58,7 @@ pub fn parse(text: &str) -> Option<i64> {
         })
     };
     let day = number(5..7)?;
-    let month = MONTHS.iter().position(|m| m.as_bytes() == &b[8..11])? as i64 + 1;
+    let (month, _) = (1..).zip(MONTHS).find(|(_, m)| m.as_bytes() == &b[8..11])?;
     let year = number(12..16)?;
     let (hour, minute, second) = (number(17..19)?, number(20..22)?, number(23..25)?);
     if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
@@ -89,14 +96,14 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 }
 
 /// A `Date` header value cached per second, since formatting on every response is waste.
-pub struct DateCache {
+pub(crate) struct DateCache {
     secs: i64,
     text: String,
 }
 
 impl DateCache {
     /// A cache holding no date yet.
-    pub fn new() -> DateCache {
+    pub(crate) fn new() -> DateCache {
         DateCache {
             secs: i64::MIN,
             text: String::new(),
@@ -104,7 +111,7 @@ impl DateCache {
     }
 
     /// The current second as an HTTP date, formatted once per second.
-    pub fn now(&mut self) -> &str {
+    pub(crate) fn now(&mut self) -> &str {
         let now = now_unix();
         if now != self.secs {
             self.secs = now;

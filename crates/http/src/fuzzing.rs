@@ -3,7 +3,8 @@
 //!
 //! [`exchange`] feeds a byte stream to one connection in the pieces given and returns every
 //! byte the connection wrote; [`connection_splits`] checks, for any input, that what is answered
-//! does not depend on how the input was split.
+//! does not depend on how the input was split. [`head`] and [`chunked`] do the same for the two
+//! parsers underneath.
 
 use std::fs::File;
 use std::io;
@@ -12,9 +13,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::chunked::{self, ChunkedDecoder};
 use crate::conn::{Conn, Context, Io, Limits, Next, Wait};
 use crate::handler::{Action, BodySink, Handler, Record};
-use crate::head::Head;
+use crate::head::{Head, MAX_HEAD_BYTES};
 use crate::response::{Response, ResponseBody};
 use crate::stream::Waker;
 use crate::Error;
@@ -202,4 +204,57 @@ pub fn connection_splits(data: &[u8]) {
         String::from_utf8_lossy(&split),
         "split every {step} bytes"
     );
+}
+
+/// Request heads: a parsed head never claims more bytes than given or than the limit.
+pub fn head(data: &[u8]) {
+    if let Ok(Some((head, len))) = Head::parse(data) {
+        assert!(len <= data.len() && len <= MAX_HEAD_BYTES);
+        let _ = (
+            head.method(),
+            head.path(),
+            head.raw_query(),
+            head.header("host"),
+        );
+        let _ = head.header_has_token("connection", "close");
+    }
+}
+
+/// Chunked bodies fed in pieces whose sizes come from the first byte: the data decoded must
+/// not depend on how the input was split.
+pub fn chunked(data: &[u8]) {
+    let Some((&piece, body)) = data.split_first() else {
+        return;
+    };
+    let whole = decode_chunked(body, body.len().max(1));
+    let split = decode_chunked(body, usize::from(piece % 16) + 1);
+    assert_eq!(whole, split);
+}
+
+fn decode_chunked(input: &[u8], piece: usize) -> Result<Vec<u8>, ()> {
+    let mut decoder = ChunkedDecoder::default();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    let mut end = piece.min(input.len());
+    loop {
+        let (used, next) = decoder.advance(&input[pos..end]).map_err(|_| ())?;
+        pos += used;
+        match next {
+            chunked::Next::Done => return Ok(out),
+            chunked::Next::Data(n) => {
+                let take = usize::try_from(n).unwrap_or(usize::MAX).min(end - pos);
+                out.extend_from_slice(&input[pos..pos + take]);
+                decoder.consumed_data(take as u64);
+                pos += take;
+                if take == 0 && end == input.len() {
+                    return Err(());
+                }
+            }
+            chunked::Next::NeedMore if end == input.len() => return Err(()),
+            chunked::Next::NeedMore => {}
+        }
+        if pos == end {
+            end = (end + piece).min(input.len());
+        }
+    }
 }

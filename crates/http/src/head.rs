@@ -26,7 +26,7 @@ pub struct Head {
     method: Range<usize>,
     target: Range<usize>,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
-    pub minor_version: u8,
+    pub(crate) minor_version: u8,
     headers: Vec<(Range<usize>, Range<usize>)>,
 }
 
@@ -116,7 +116,7 @@ impl Head {
 
     /// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; any `Host` sent must be
     /// a valid authority (an empty one is allowed). The reason when it is not.
-    pub fn check_host(&self) -> Result<(), &'static str> {
+    pub(crate) fn check_host(&self) -> Result<(), &'static str> {
         let mut hosts = self.headers_named("host");
         let first = hosts.next();
         if hosts.next().is_some() {
@@ -154,7 +154,7 @@ impl Head {
     }
 
     /// True when a comma-separated header such as `Connection` lists `token`.
-    pub fn header_has_token(&self, name: &str, token: &str) -> bool {
+    pub(crate) fn header_has_token(&self, name: &str, token: &str) -> bool {
         self.headers_named(name).any(|value| {
             value
                 .split(|&b| b == b',')

@@ -61,7 +61,7 @@
 //! complete request that waits for a worker never times out.
 #![deny(missing_docs)]
 
-pub mod chunked;
+mod chunked;
 mod conn;
 pub mod date;
 mod error;
@@ -69,7 +69,7 @@ mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod handler;
-pub mod head;
+mod head;
 pub mod multipart;
 mod pool;
 pub mod query;
@@ -78,6 +78,7 @@ mod server;
 pub mod stream;
 mod sys;
 
+pub use chunked::ChunkError;
 pub use error::{BodyError, Error, MIN_BODY_RATE};
 pub use framing::FramingError;
 pub use handler::{Action, BodySink, Collected, Handler, Record};

@@ -106,11 +106,14 @@ impl Parser {
     pub fn new(boundary: &[u8]) -> Parser {
         let mut delimiter = b"\r\n--".to_vec();
         delimiter.extend_from_slice(boundary);
-        // The delimiter is at most 74 bytes, so every shift fits in a byte.
+        // A delimiter from `boundary` is at most 74 bytes, so every shift fits in a byte; for a
+        // longer one a shift is capped at 255, which is still a valid (shorter) Horspool shift
+        // and never 0.
         let len = delimiter.len();
-        let mut shift = [len as u8; 256];
+        let byte_shift = |n: usize| u8::try_from(n).unwrap_or(u8::MAX);
+        let mut shift = [byte_shift(len); 256];
         for (i, &b) in delimiter[..len - 1].iter().enumerate() {
-            shift[usize::from(b)] = (len - 1 - i) as u8;
+            shift[usize::from(b)] = byte_shift(len - 1 - i);
         }
         Parser {
             delimiter,
@@ -535,6 +538,20 @@ epilogue --XyZ--";
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_delimiter_longer_than_a_byte_shift_still_parses() {
+        // `boundary` refuses boundaries over 70 bytes but `Parser::new` takes any: past 255 the
+        // Horspool shifts are capped (a shift of 256 kept in a byte would be 0, no progress).
+        let boundary = format!("{}Z{}", "a".repeat(43), "a".repeat(256));
+        let data = "Z".repeat(1000);
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=file; filename=x\r\n\r\n\
+             {data}\r\n--{boundary}--"
+        );
+        let parts = parse(&boundary, body.as_bytes()).unwrap();
+        assert_eq!(parts, vec![file("x", data.as_bytes())]);
     }
 
     #[test]

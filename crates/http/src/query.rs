@@ -67,7 +67,12 @@ pub fn decode(component: &str) -> Vec<u8> {
 }
 
 fn hex(digit: &u8) -> Option<u8> {
-    (*digit as char).to_digit(16).map(|d| d as u8)
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
 }
 
 /// The target with every `signature` parameter removed, for logs (SPEC §1: never log a signature).

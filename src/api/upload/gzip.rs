@@ -289,9 +289,12 @@ impl Decoder {
             .inflate
             .decompress(input, out, FlushDecompress::None)
             .map_err(|err| GzipError::Deflate(err.to_string()))?;
-        // Both differences are bounded by the lengths of the slices just given.
-        let used = (self.inflate.total_in() - in_before) as usize;
-        let produced = (self.inflate.total_out() - out_before) as usize;
+        // Both differences are bounded by the lengths of the slices just given, so fit a usize.
+        #[allow(clippy::cast_possible_truncation)]
+        let (used, produced) = (
+            (self.inflate.total_in() - in_before) as usize,
+            (self.inflate.total_out() - out_before) as usize,
+        );
         let ended = status == Status::StreamEnd;
         if !ended && used == 0 && produced == 0 && !input.is_empty() && !out.is_empty() {
             return Err(GzipError::Deflate("no progress on the input given".into()));
@@ -418,7 +421,8 @@ mod tests {
         let mut crc = Crc::new();
         crc.update(&header);
         let mut body = header.clone();
-        body.extend_from_slice(&(crc.sum() as u16).to_le_bytes());
+        // The header's CRC16: the two low bytes of the CRC-32.
+        body.extend_from_slice(&crc.sum().to_le_bytes()[..2]);
         body.extend_from_slice(&plain[FIXED_HEADER..]);
         assert_eq!(decode_all_ways(&body), Ok(b"crc".to_vec()));
         body[FIXED_HEADER] ^= 1;
@@ -541,7 +545,7 @@ mod tests {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            (state % below as u64) as usize
+            usize::try_from(state % below as u64).unwrap()
         };
         for _ in 0..200 {
             let mut body = good.clone();
@@ -553,7 +557,7 @@ mod tests {
                     }
                 }
                 1 => body.truncate(next(body.len())),
-                _ => body.extend((0..next(12)).map(|_| next(256) as u8)),
+                _ => body.extend((0..next(12)).map(|_| u8::try_from(next(256)).unwrap())),
             }
             let whole = decode(&body, body.len().max(1), 64 * 1024);
             for (piece, out_len) in [(1, 1), (3, 7), (64, 100)] {

@@ -1,0 +1,58 @@
+//! sandboxd's integration tests, linked as one binary (as ripgrep does: one link instead of one
+//! per file, and the compiler sees every use of `common`). Each module starts the real
+//! `sandboxd` binary and talks to it over HTTP or runs its subcommands (`docs` reads the
+//! documents); `Cargo.toml` sets `autotests = false`, so a file added here is built only once
+//! it is declared below.
+//!
+//! Run one file's tests with `cargo test --test integration compose::`.
+
+// The harness: starts the daemon on 127.0.0.1:0 with a temp dir, reads replies.
+mod common;
+
+// POST /files/compose: order, deletion of the sources, validation, ownership, full disks, kills.
+mod compose;
+// docs/spec.md, docs/openapi.yaml, the router and the documents' links agree (no daemon).
+mod docs;
+// GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
+mod download;
+// What envd's clients rely on beyond the routes: CORS, /init, -version, Connect paths.
+mod envd_compat;
+// Hostile and broken clients, each answer exact, /health still served.
+mod faults;
+// envd's filesystem.Filesystem Connect service: Stat, ListDir, MakeDir, Move, Remove.
+mod filesystem;
+// The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
+mod http_layer;
+// GET /metrics against fixture /proc and cgroup roots and against the real machine.
+mod metrics;
+// A peer's pace never holds a worker: slow readers, trickled bodies, partial heads.
+mod peers;
+// The process: flags, exit codes, signals and drain, readiness, logs, subcommands.
+mod process;
+// The route table, the router and docs/openapi.yaml agree.
+mod route_table;
+// Routing, errors, auth, /health, /envs, /init.
+mod routes;
+// POST /files: raw, chunked and multipart bodies, 100-continue, ownership, errors, kills.
+mod upload;
+// Content-Encoding: gzip uploads.
+mod upload_gzip;
+// X-Metadata-* headers as user.e2b.* attributes.
+mod upload_metadata;
+
+/// With `autotests = false` a file in tests/ that is not declared above would never be built:
+/// every one must be.
+#[test]
+fn every_file_in_tests_is_a_module_here() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let this = include_str!("tests.rs");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(module) = name.strip_suffix(".rs").filter(|m| *m != "tests") {
+            assert!(
+                this.contains(&format!("\nmod {module};\n")),
+                "tests/{name} is not declared in tests/tests.rs"
+            );
+        }
+    }
+}
