@@ -41,6 +41,7 @@ pub use table::WatchId;
 
 /// Bytes read from the inotify descriptor at a time (fsnotify reads 64 KiB too).
 const READ_BUFFER: usize = 64 << 10;
+const _: () = assert!(READ_BUFFER >= inotify::MIN_BUFFER + inotify::HEADER + inotify::MAX_NAME);
 /// Reads per wake-up before the thread ticks the sinks and polls again.
 const READS_PER_TURN: usize = 16;
 

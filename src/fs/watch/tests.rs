@@ -270,3 +270,56 @@ fn the_root_must_be_a_watchable_directory() {
     fs::write(dir.path().join("through"), b"").unwrap();
     wait_for(&seen, &[(Op::Create, "through")]);
 }
+
+#[test]
+fn an_overflowed_queue_ends_every_watch_and_frees_every_kernel_watch() {
+    let kernel = Arc::new(Inotify::new().unwrap());
+    let mut state = state::State::new(Arc::clone(&kernel));
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut seen = Vec::new();
+    for dir in &dirs {
+        let watched = Arc::new(Seen::default());
+        let sink = Recorder {
+            seen: Arc::clone(&watched),
+            tick_every: None,
+            next: None,
+        };
+        let id = state.insert(dir.path(), false, Box::new(sink));
+        let tree = state::Tree {
+            watch: id,
+            abs: dir.path(),
+            rel: Path::new(""),
+            recursive: false,
+            announce: false,
+            strict: true,
+        };
+        state::add_tree(&mut state, &tree).unwrap();
+        seen.push(watched);
+    }
+    assert_eq!((state.watched_dirs(), state.watches()), (2, 2));
+    // An event of a descriptor nobody watches is ignored.
+    let stray = std::ffi::OsStr::new("x");
+    state.handle(&inotify::Event {
+        wd: inotify::Wd(9999),
+        mask: libc::IN_CREATE,
+        cookie: 0,
+        name: stray,
+    });
+    state.handle(&inotify::Event {
+        wd: inotify::Wd(-1),
+        mask: libc::IN_Q_OVERFLOW,
+        cookie: 0,
+        name: std::ffi::OsStr::new(""),
+    });
+    assert_eq!((state.watched_dirs(), state.watches()), (0, 0));
+    for watched in &seen {
+        assert_eq!(watched.ended.lock().unwrap().as_deref(), Some("Overflow"));
+        assert!(watched.changes.lock().unwrap().is_empty());
+    }
+    // The kernel watches are gone too: each removal queued its IN_IGNORED.
+    let mut buf = vec![0u8; 4096];
+    let n = kernel.read(&mut buf).unwrap();
+    let (events, _) = inotify::parse(&buf[..n]).unwrap();
+    let ignored = events.iter().filter(|e| e.mask & libc::IN_IGNORED != 0);
+    assert_eq!(ignored.count(), 2);
+}
