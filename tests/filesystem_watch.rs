@@ -563,3 +563,22 @@ fn create_watcher_refuses_what_envd_refuses() {
     );
     assert_eq!(reply.status, 401);
 }
+
+#[test]
+fn a_stream_ends_with_unavailable_when_the_daemon_stops_and_does_not_hold_the_drain() {
+    let mut daemon = start();
+    let mut watch = Watch::open(&daemon, json!({"path": ""}), &[]);
+    assert_start(&mut watch);
+    let stopping = Instant::now();
+    daemon.signal("TERM");
+    let (code, message, _) = end_error(&mut watch, WAIT);
+    assert_eq!(code, "unavailable", "{message}");
+    let status = daemon.wait(WAIT).expect("the daemon exits");
+    assert!(status.success(), "{status:?}");
+    // The default drain timeout is 10 s: the stream ended well before it.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopping.elapsed()
+    );
+}
