@@ -275,12 +275,8 @@ fn help_shows_the_640_second_idle_default_and_the_hash_file_flag() {
 fn connect_methods_not_built_yet_are_501_unimplemented_never_a_plain_404() {
     let daemon = start();
     for (path, content_type) in [
-        (
-            "/filesystem.Filesystem/WatchDir",
-            "application/connect+json",
-        ),
-        ("/filesystem.Filesystem/CreateWatcher", "application/json"),
         ("/process.Process/Start", "application/connect+json"),
+        ("/process.Process/List", "application/json"),
         ("/process.Process/NoSuchMethod", "application/json"),
     ] {
         let headers = [("X-Access-Token", TOKEN), ("Content-Type", content_type)];

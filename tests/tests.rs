@@ -21,6 +21,8 @@ mod envd_compat;
 mod faults;
 // envd's filesystem.Filesystem Connect service: Stat, ListDir, MakeDir, Move, Remove.
 mod filesystem;
+// Directory watches: the WatchDir stream and the polled watchers, inotify underneath.
+mod filesystem_watch;
 // The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.

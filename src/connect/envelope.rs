@@ -22,6 +22,7 @@ pub fn encode(flags: u8, message: &[u8]) -> Vec<u8> {
 }
 
 /// A received envelope.
+#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, PartialEq, Eq)]
 pub struct Envelope {
     pub flags: u8,
@@ -29,11 +30,13 @@ pub struct Envelope {
 }
 
 /// Splits a byte stream into envelopes, whatever the pieces it arrives in.
+#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, Default)]
 pub struct Decoder {
     buffer: Vec<u8>,
 }
 
+#[allow(dead_code)]
 impl Decoder {
     /// Takes in `bytes`; returns the envelopes they complete, in order.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Envelope>, Error> {

@@ -22,13 +22,8 @@
 //!   headers, bad request message) is answered as a unary error would be, which every Connect
 //!   client reads as the call's error.
 
-// Not used yet: the streaming half (envelopes, `Stream`) is for the streaming methods still to
-// come (issue 14: WatchDir, the process service); it is unit-tested here. Drop these allows
-// when a service uses it.
-#[allow(dead_code)]
 pub mod envelope;
 pub mod json;
-#[allow(dead_code)]
 mod stream;
 
 use std::fmt;
@@ -39,7 +34,6 @@ use serde::Serialize;
 
 use crate::http::{Head, Response};
 
-#[allow(unused_imports)]
 pub use stream::Stream;
 
 /// The most bytes of one request message (envd's clients send paths and small settings; a

@@ -8,7 +8,8 @@
 //! the crash-safe concatenation and which sources it may delete, `copy` the zero-copy append
 //! under it, `temp` the temporary names beside a destination and the sweeper thread that
 //! removes stale ones, `user_metadata` the `user.e2b.*` attributes an upload sets and a
-//! listing reads, and `owners` the names of owners and groups.
+//! listing reads, `owners` the names of owners and groups, and `watch` the daemon's directory
+//! watches (one inotify instance, one thread).
 
 pub mod atomic;
 pub mod compose;
@@ -19,3 +20,4 @@ pub mod paths;
 pub mod temp;
 pub mod user_metadata;
 pub mod users;
+pub mod watch;

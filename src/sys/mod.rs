@@ -8,7 +8,10 @@
 pub mod copy;
 pub mod env;
 pub mod file;
+pub mod inotify;
+pub mod poll;
 pub mod process;
+pub mod statfs;
 pub mod statvfs;
 pub mod xattr;
 

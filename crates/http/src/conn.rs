@@ -43,6 +43,10 @@ pub(crate) trait Io {
     fn send(&mut self, buf: &[u8], more: bool) -> io::Result<usize>;
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize>;
     fn shutdown_write(&mut self);
+    /// True when the peer hung up (or the socket failed), found without reading.
+    fn hung_up(&mut self) -> bool {
+        false
+    }
 }
 
 /// What the connection waits for when `run` returns.
@@ -787,6 +791,10 @@ impl Conn {
                                 sending.out = bytes;
                             }
                         }
+                        // Woken by the peer leaving rather than by the producer: closed, so
+                        // the producer learns it (`SendError::Closed`, `is_closed`) even while
+                        // it has nothing to send; parked again, the hang-up would wake it at once.
+                        Poll::Pending if io.hung_up() => return self.send_stopped(Step::Close, cx),
                         Poll::Pending => return Step::Wait(Wait::Producer, None),
                         Poll::Finished => {
                             sending.body = Outgoing::None;

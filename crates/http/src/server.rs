@@ -445,6 +445,10 @@ impl Io for SocketIo<'_> {
         sys::sendfile(self.0.as_raw_fd(), file.as_raw_fd(), offset, count)
     }
 
+    fn hung_up(&mut self) -> bool {
+        sys::is_ready(self.0.as_raw_fd(), WANT_HANGUP)
+    }
+
     fn shutdown_write(&mut self) {
         let _ = self.0.shutdown(Shutdown::Write);
     }

@@ -13,7 +13,8 @@ use sandboxd_http::{Action, Config, Error, Handler, Head, Record, Response, Resp
 
 /// `/stream/N`: N chunks of `chunk-i\n`, 20 ms apart, from a producer thread; `/abort`: one
 /// chunk, then the producer gives up; `/forever`: a chunk every 20 ms until the client is gone,
-/// then the producer reports it; anything else: 204.
+/// then the producer reports it; `/idle`: one chunk, then nothing, looking every 20 ms whether
+/// the client is gone and reporting it; anything else: 204.
 struct Streams {
     gone: Mutex<mpsc::Sender<SendError>>,
 }
@@ -29,6 +30,18 @@ impl Handler for Streams {
                     sender.send(b"partial").unwrap();
                     thread::sleep(Duration::from_millis(20));
                     drop(sender);
+                });
+            }
+            "/idle" => {
+                thread::spawn(move || {
+                    sender.send(b"first\n").unwrap();
+                    for _ in 0..500 {
+                        thread::sleep(Duration::from_millis(20));
+                        if sender.is_closed() {
+                            let _ = gone.send(SendError::Closed);
+                            return;
+                        }
+                    }
                 });
             }
             "/forever" => {
@@ -195,6 +208,20 @@ fn the_producer_learns_that_the_client_left() {
     let error = gone
         .recv_timeout(Duration::from_secs(5))
         .expect("producer told");
+    assert_eq!(error, SendError::Closed);
+}
+
+#[test]
+fn a_producer_with_nothing_to_send_learns_that_the_client_left() {
+    let (addr, gone) = serve(1);
+    let mut reader = get(addr, "/idle");
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    drop(reader);
+    let error = gone
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the connection closed while the producer was idle");
     assert_eq!(error, SendError::Closed);
 }
 

@@ -1,16 +1,16 @@
 //! envd's `filesystem.Filesystem` Connect service (SPEC §9b): what the SDKs' `files.exists`,
-//! `get_info`, `list`, `make_dir`, `rename` and `remove` call.
+//! `get_info`, `list`, `make_dir`, `rename`, `remove` and `watch_dir` call.
 //!
 //! This module owns the service: which methods exist, who the caller is (the token as on every
 //! route, then the user named by `Authorization: Basic`, else the default user, as envd reads
 //! it), and how filesystem errors become Connect codes. The protocol is `connect`'s, the
-//! messages `messages`', an entry's description `entry`'s, the methods `ops`'.
-//!
-//! Not yet: `WatchDir` and the watcher methods answer `unimplemented` (501).
+//! messages `messages`', an entry's description `entry`'s, the unary methods `ops`', the
+//! watches (`WatchDir`, a server stream, and the polled watchers) `watch`'s.
 
 mod entry;
 mod messages;
 mod ops;
+mod watch;
 
 use std::io;
 use std::path::Path;
@@ -37,11 +37,14 @@ const METHODS: [(&str, bool); 9] = [
     ("Move", true),
     ("ListDir", true),
     ("Remove", true),
-    ("WatchDir", false),
-    ("CreateWatcher", false),
-    ("GetWatcherEvents", false),
-    ("RemoveWatcher", false),
+    ("WatchDir", true),
+    ("CreateWatcher", true),
+    ("GetWatcherEvents", true),
+    ("RemoveWatcher", true),
 ];
+
+/// The one server-streaming method; the others are unary.
+const STREAMING: &str = "WatchDir";
 
 /// Starts a call to `method` of the service; its request message is collected, then run.
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
@@ -68,11 +71,22 @@ pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
         Ok(call) => call,
         Err(response) => return Action::Respond(response),
     };
-    if call.shape != Shape::Unary {
-        return refuse(Error::new(
-            Code::Unimplemented,
-            format!("{SERVICE}/{method} is a unary method: send application/json"),
-        ));
+    match (call.shape, method == STREAMING) {
+        (Shape::Unary, false) | (Shape::ServerStream, true) => {}
+        (_, false) => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!("{SERVICE}/{method} is a unary method: send application/json"),
+            ))
+        }
+        (_, true) => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!(
+                    "{SERVICE}/{method} is a server-streaming method: send application/connect+json"
+                ),
+            ))
+        }
     }
     let username = match basic_user(head) {
         Ok(username) => username,
@@ -82,16 +96,17 @@ pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
     let method = method.to_string();
     Action::Collect {
         limit: connect::MAX_REQUEST_BYTES,
-        then: Box::new(move |_head, body| {
-            run(&app, &call, &method, username.as_deref(), &body)
+        then: Box::new(move |head, body| {
+            run(&app, &call, head, &method, username.as_deref(), &body)
                 .unwrap_or_else(Error::into_response)
         }),
     }
 }
 
 fn run(
-    app: &App,
+    app: &Arc<App>,
     call: &Call,
+    head: &Head,
     method: &str,
     username: Option<&str>,
     body: &[u8],
@@ -120,6 +135,22 @@ fn run(
         }
         "Remove" => {
             ops::remove(&caller, &call.request::<PathRequest>(body)?.path)?;
+            connect::unary(&Empty {})
+        }
+        "WatchDir" => {
+            let keepalive = watch::keepalive_interval(head);
+            call.request(body)
+                .and_then(|request| watch::watch_dir(app, caller, call, keepalive, request))
+                .unwrap_or_else(watch::failed)
+        }
+        "CreateWatcher" => connect::unary(&watch::create_watcher(caller, call.request(body)?)?),
+        "GetWatcherEvents" => {
+            let request: watch::WatcherRequest = call.request(body)?;
+            connect::unary(&watch::get_watcher_events(&request.watcher_id)?)
+        }
+        "RemoveWatcher" => {
+            let request: watch::WatcherRequest = call.request(body)?;
+            watch::remove_watcher(&request.watcher_id)?;
             connect::unary(&Empty {})
         }
         other => {

@@ -1,0 +1,285 @@
+//! `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`: a watch whose events wait in a buffer
+//! until its client asks for them, under an id.
+//!
+//! Decisions (envd keeps a watcher, and its events, until `RemoveWatcher`, with no bound):
+//!
+//! - An id is `w` and 32 hex digits from 16 bytes of `/dev/urandom`: unguessable, so one client
+//!   cannot read or remove another's watcher by trying ids.
+//! - At most [`MAX_WATCHERS`] watchers at once; another is `resource_exhausted`.
+//! - At most [`MAX_EVENTS`] events wait in a watcher. One more, and the watcher fails as envd's
+//!   does on a watch error: its events are dropped, its kernel watches freed, and every
+//!   `GetWatcherEvents` answers the error (`resource_exhausted`) until `RemoveWatcher`.
+//! - A watcher nobody has asked for events for [`IDLE_EXPIRY`] (one hour) expires: its watch and
+//!   events are dropped, and the next `GetWatcherEvents` says so (`not_found`) and forgets the
+//!   id. A forgotten `stop()` thus costs neither kernel watches nor memory for ever; a client
+//!   that polls less than hourly must create a new watcher.
+//! - The events of one `GetWatcherEvents` are all those waiting, oldest first, and then no
+//!   longer kept.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{directory, ended_error, hub, watch_error, Describe, FilesystemEvent, WatchRequest};
+use crate::api::filesystem::Caller;
+use crate::connect::{Code, Error};
+use crate::fs::watch::{Change, Ended, Hub, Sink, WatchId};
+
+/// The most watchers at once.
+pub const MAX_WATCHERS: usize = 256;
+/// The most events waiting in one watcher.
+pub const MAX_EVENTS: usize = 10_000;
+/// How long a watcher lives without `GetWatcherEvents`.
+pub const IDLE_EXPIRY: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateWatcherResponse {
+    pub watcher_id: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GetWatcherEventsResponse {
+    pub events: Vec<FilesystemEvent>,
+}
+
+/// Every watcher, by id.
+static WATCHERS: Mutex<BTreeMap<String, Watcher>> = Mutex::new(BTreeMap::new());
+
+struct Watcher {
+    hub: Hub,
+    watch: WatchId,
+    buffer: Arc<Mutex<Buffer>>,
+}
+
+/// What a watcher holds for its client.
+struct Buffer {
+    events: Vec<FilesystemEvent>,
+    /// Once set, the answer to every `GetWatcherEvents`.
+    error: Option<Error>,
+    last_asked: Instant,
+    expired: bool,
+}
+
+pub fn create_watcher(
+    caller: Caller,
+    request: WatchRequest,
+) -> Result<CreateWatcherResponse, Error> {
+    let dir = directory(&caller, &request)?;
+    let hub = hub()?;
+    ensure_room(&mut watchers())?;
+    let id = new_id()?;
+    let buffer = Arc::new(Mutex::new(Buffer {
+        events: Vec::new(),
+        error: None,
+        last_asked: Instant::now(),
+        expired: false,
+    }));
+    let sink = BufferSink {
+        buffer: Arc::clone(&buffer),
+        describe: Describe {
+            include_entry: request.include_entry,
+            owners: caller.owners,
+        },
+    };
+    let watch = hub
+        .watch(&dir, request.recursive, Box::new(sink))
+        .map_err(watch_error)?;
+    let mut all = watchers();
+    // Checked again: others may have been created meanwhile.
+    if let Err(error) = ensure_room(&mut all) {
+        drop(all);
+        hub.unwatch(watch);
+        return Err(error);
+    }
+    all.insert(id.clone(), Watcher { hub, watch, buffer });
+    Ok(CreateWatcherResponse { watcher_id: id })
+}
+
+pub fn get_watcher_events(id: &str) -> Result<GetWatcherEventsResponse, Error> {
+    let mut all = watchers();
+    let watcher = all.get(id).ok_or_else(|| not_found(id))?;
+    let mut buffer = lock(&watcher.buffer);
+    if buffer.expired {
+        drop(buffer);
+        all.remove(id);
+        return Err(Error::new(
+            Code::NotFound,
+            format!(
+                "watcher with id {id} expired: nobody asked for its events for {} minutes; \
+                 create another",
+                IDLE_EXPIRY.as_secs() / 60
+            ),
+        ));
+    }
+    buffer.last_asked = Instant::now();
+    if let Some(error) = &buffer.error {
+        return Err(error.clone());
+    }
+    Ok(GetWatcherEventsResponse {
+        events: std::mem::take(&mut buffer.events),
+    })
+}
+
+pub fn remove_watcher(id: &str) -> Result<(), Error> {
+    let watcher = watchers().remove(id).ok_or_else(|| not_found(id))?;
+    watcher.hub.unwatch(watcher.watch);
+    Ok(())
+}
+
+fn not_found(id: &str) -> Error {
+    Error::new(Code::NotFound, format!("watcher with id {id} not found"))
+}
+
+/// Forgets expired watchers, then refuses when [`MAX_WATCHERS`] are left.
+fn ensure_room(all: &mut BTreeMap<String, Watcher>) -> Result<(), Error> {
+    all.retain(|_, watcher| !lock(&watcher.buffer).expired);
+    if all.len() >= MAX_WATCHERS {
+        return Err(Error::new(
+            Code::ResourceExhausted,
+            format!(
+                "too many watchers: at most {MAX_WATCHERS} at once; remove one with \
+                 RemoveWatcher (the SDK's WatchHandle.stop())"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A new unguessable id.
+fn new_id() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .map_err(|e| Error::new(Code::Internal, format!("reading /dev/urandom: {e}")))?;
+    let mut id = String::from("w");
+    for byte in bytes {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    Ok(id)
+}
+
+fn watchers() -> MutexGuard<'static, BTreeMap<String, Watcher>> {
+    WATCHERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock(buffer: &Mutex<Buffer>) -> MutexGuard<'_, Buffer> {
+    buffer.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The watch's side of a watcher: fills its buffer. Lock order: the watchers' table, then a
+/// buffer; the watcher thread takes a buffer only.
+struct BufferSink {
+    buffer: Arc<Mutex<Buffer>>,
+    describe: Describe,
+}
+
+impl Sink for BufferSink {
+    fn deliver(&mut self, change: &Change<'_>) -> bool {
+        let event = self.describe.event(change);
+        let mut buffer = lock(&self.buffer);
+        if buffer.events.len() >= MAX_EVENTS {
+            buffer.events = Vec::new();
+            buffer.error = Some(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "more than {MAX_EVENTS} events waited for GetWatcherEvents: events were \
+                     lost; remove this watcher and create another"
+                ),
+            ));
+            return false;
+        }
+        buffer.events.push(event);
+        true
+    }
+
+    fn next_tick(&self) -> Option<Instant> {
+        Some(lock(&self.buffer).last_asked + IDLE_EXPIRY)
+    }
+
+    fn tick(&mut self, now: Instant) -> bool {
+        let mut buffer = lock(&self.buffer);
+        if now < buffer.last_asked + IDLE_EXPIRY {
+            return true;
+        }
+        buffer.expired = true;
+        buffer.events = Vec::new();
+        false
+    }
+
+    fn end(self: Box<Self>, ended: Ended) {
+        let mut buffer = lock(&self.buffer);
+        buffer.events = Vec::new();
+        buffer.error = Some(ended_error(ended));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::owners::Owners;
+    use crate::fs::watch::Op;
+    use std::path::Path;
+
+    fn sink() -> (BufferSink, Arc<Mutex<Buffer>>) {
+        let buffer = Arc::new(Mutex::new(Buffer {
+            events: Vec::new(),
+            error: None,
+            last_asked: Instant::now(),
+            expired: false,
+        }));
+        let sink = BufferSink {
+            buffer: Arc::clone(&buffer),
+            describe: Describe {
+                include_entry: false,
+                owners: Owners::default(),
+            },
+        };
+        (sink, buffer)
+    }
+
+    fn change(name: &str) -> Change<'_> {
+        Change {
+            op: Op::Create,
+            name: Path::new(name),
+            path: Path::new(name),
+        }
+    }
+
+    #[test]
+    fn a_full_buffer_fails_the_watcher_with_an_error() {
+        let (mut sink, buffer) = sink();
+        for _ in 0..MAX_EVENTS {
+            assert!(sink.deliver(&change("f")));
+        }
+        assert!(!sink.deliver(&change("one too many")));
+        let buffer = lock(&buffer);
+        assert!(buffer.events.is_empty());
+        let error = buffer.error.as_ref().unwrap();
+        assert_eq!(error.code, Code::ResourceExhausted);
+        assert!(error.message.contains("10000"), "{}", error.message);
+    }
+
+    #[test]
+    fn a_watcher_nobody_asks_expires_after_an_hour() {
+        let (mut sink, buffer) = sink();
+        let asked = lock(&buffer).last_asked;
+        assert_eq!(sink.next_tick(), Some(asked + IDLE_EXPIRY));
+        assert!(sink.tick(asked + IDLE_EXPIRY - Duration::from_secs(1)));
+        sink.deliver(&change("f"));
+        assert!(!sink.tick(asked + IDLE_EXPIRY));
+        let buffer = lock(&buffer);
+        assert!(buffer.expired && buffer.events.is_empty());
+    }
+
+    #[test]
+    fn ids_are_long_random_and_distinct() {
+        let (a, b) = (new_id().unwrap(), new_id().unwrap());
+        assert_eq!(a.len(), 33);
+        assert!(a.starts_with('w') && a[1..].bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,271 @@
+//! Directory watches for the whole daemon: one inotify instance and one thread, however many
+//! watches there are (SPEC §9b's `WatchDir` and watchers).
+//!
+//! A watch is a root directory (and, recursively, every directory below it) and a [`Sink`]: its
+//! owner's side, told each [`Change`] and ticked when it asks for a moment (a keep-alive, a
+//! deadline, an expiry). The [`Hub`] owns the inotify descriptor and the table of watched
+//! directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
+//! event buffers are the owner's business (`api::filesystem::watch`).
+//!
+//! **The watcher thread** waits in `poll(2)` on the inotify descriptor and on an eventfd, with
+//! a timeout for the earliest tick a sink asked for. It reads events, applies them under the
+//! hub's lock and hands the changes to the sinks, which must never block (a stream's queue is
+//! bounded: a client that does not keep up is the sink's to end). A worker setting up a watch
+//! adds its directories itself, taking the lock for each one, and signals the eventfd so the
+//! thread rereads the ticks; removing a watch needs no signal. So no worker waits for the
+//! thread and the thread waits for nobody.
+//!
+//! One descriptor for everything means one kernel queue (`fs.inotify.max_queued_events`, 16384
+//! by default): if it overflows, events of every watch are lost, and every watch ends. It also
+//! means one instance out of the user's `fs.inotify.max_user_instances` (128 by default), where
+//! envd takes one per watch. The user's watch limit (`fs.inotify.max_user_watches`) counts each
+//! directory once however many watches include it; reaching it is [`WatchError::Limit`].
+
+pub mod ops;
+mod state;
+mod table;
+
+use std::fmt;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::log;
+use crate::sys::inotify::{self, Inotify};
+use crate::sys::poll::{poll_readable, EventFd};
+pub use ops::Op;
+use state::{add_tree, lock, Locked, State, Tree};
+pub use table::WatchId;
+
+/// Bytes read from the inotify descriptor at a time (fsnotify reads 64 KiB too).
+const READ_BUFFER: usize = 64 << 10;
+const _: () = assert!(READ_BUFFER >= inotify::MIN_BUFFER + inotify::HEADER + inotify::MAX_NAME);
+/// Reads per wake-up before the thread ticks the sinks and polls again.
+const READS_PER_TURN: usize = 16;
+
+/// One change a watch saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<'a> {
+    pub op: Op,
+    /// Relative to the watch's root; `.` for the root itself.
+    pub name: &'a Path,
+    /// The root as the watch was given it, joined with `name`.
+    pub path: &'a Path,
+}
+
+/// The owner's side of a watch. Called on the watcher thread under the hub's lock: every method
+/// must return without waiting for anyone.
+pub trait Sink: Send {
+    /// One change; false when the sink is done (it has ended its side itself), which ends the
+    /// watch.
+    fn deliver(&mut self, change: &Change<'_>) -> bool;
+    /// When the sink next wants [`Sink::tick`]; `None`: never.
+    fn next_tick(&self) -> Option<Instant>;
+    /// The moment asked for (or a later one) has come; false when the sink is done.
+    fn tick(&mut self, now: Instant) -> bool;
+    /// The watch ended on the hub's side; the sink is dropped after.
+    fn end(self: Box<Self>, ended: Ended);
+}
+
+/// Why the hub ended a watch.
+#[derive(Debug)]
+pub enum Ended {
+    /// The kernel's event queue overflowed: events were lost.
+    Overflow,
+    /// A directory created inside a recursive watch could not be watched.
+    Failed(WatchError),
+}
+
+/// Why a directory could not be watched.
+#[derive(Debug)]
+pub enum WatchError {
+    /// `ENOSPC`: the user's inotify watch limit is reached.
+    Limit {
+        path: PathBuf,
+    },
+    Io {
+        path: PathBuf,
+        error: io::Error,
+    },
+}
+
+impl fmt::Display for WatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WatchError::Limit { path } => {
+                let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+                    .map(|text| text.trim().to_string())
+                    .unwrap_or_else(|_| "?".to_string());
+                write!(
+                    f,
+                    "cannot watch {}: the inotify watch limit is reached \
+                     (fs.inotify.max_user_watches = {limit}); watch fewer directories or raise it",
+                    path.display()
+                )
+            }
+            WatchError::Io { path, error } => {
+                write!(f, "cannot watch {}: {error}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for WatchError {}
+
+/// The watcher: a handle to the inotify instance, its thread and its state. Clones share them.
+#[derive(Clone)]
+pub struct Hub {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    kernel: Arc<Inotify>,
+    wake: EventFd,
+    state: Mutex<State>,
+}
+
+/// The daemon's hub, started by the first watch.
+static GLOBAL: Mutex<Option<Hub>> = Mutex::new(None);
+
+impl Hub {
+    /// The daemon's hub, started on first use. A failure to start (the user's inotify instance
+    /// limit, no descriptors) is not kept: the next call tries again.
+    pub fn global() -> io::Result<Hub> {
+        let mut global = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hub) = global.as_ref() {
+            return Ok(hub.clone());
+        }
+        let hub = Hub::start()?;
+        *global = Some(hub.clone());
+        Ok(hub)
+    }
+
+    /// A hub of its own, with its own thread (which lives as long as the process).
+    pub fn start() -> io::Result<Hub> {
+        let kernel = Arc::new(Inotify::new()?);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new(Arc::clone(&kernel))),
+            kernel,
+            wake: EventFd::new()?,
+        });
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("sandboxd-watch".into())
+            .spawn(move || run(&thread_shared))?;
+        Ok(Hub { shared })
+    }
+
+    /// Starts watching `root` (a directory; a link to one is followed), and with `recursive`
+    /// every directory below it, telling `sink`. Every directory is watched when this returns:
+    /// what happens after is reported. Errors on the root itself are errors; directories below
+    /// it that vanish or may not be read are skipped.
+    pub fn watch(
+        &self,
+        root: &Path,
+        recursive: bool,
+        sink: Box<dyn Sink>,
+    ) -> Result<WatchId, WatchError> {
+        let id = lock(&self.shared.state).insert(root, recursive, sink);
+        let tree = Tree {
+            watch: id,
+            abs: root,
+            rel: Path::new(""),
+            recursive,
+            announce: false,
+            strict: true,
+        };
+        if let Err(error) = add_tree(&mut Locked(&self.shared.state), &tree) {
+            lock(&self.shared.state).remove(id);
+            return Err(error);
+        }
+        if let Err(error) = self.shared.wake.signal() {
+            log::line(format_args!("cannot wake the watcher thread: {error}"));
+        }
+        Ok(id)
+    }
+
+    /// Stops a watch; its sink is dropped without being told. Nothing when it has ended.
+    pub fn unwatch(&self, id: WatchId) {
+        let sink = lock(&self.shared.state).remove(id);
+        // Dropped outside the lock: dropping a stream wakes its connection.
+        drop(sink);
+    }
+
+    /// How many directories the kernel watches for this hub, and how many watches there are.
+    #[cfg(test)]
+    pub fn counts(&self) -> (usize, usize) {
+        let state = lock(&self.shared.state);
+        (state.watched_dirs(), state.watches())
+    }
+}
+
+/// The watcher thread: waits for events or the next tick, forever.
+fn run(shared: &Shared) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    let mut held = 0;
+    loop {
+        let timeout = lock(&shared.state)
+            .next_tick()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        let fds = [shared.kernel.as_fd(), shared.wake.as_fd()];
+        match poll_readable(&fds, timeout) {
+            Ok(ready) => {
+                if ready.get(1) == Some(&true) {
+                    let _ = shared.wake.drain();
+                }
+                if ready.first() == Some(&true) {
+                    held = read_events(shared, &mut buf, held);
+                }
+            }
+            Err(error) => {
+                log::line(format_args!("watcher: poll failed: {error}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        lock(&shared.state).tick(Instant::now());
+    }
+}
+
+/// Reads and applies what the kernel has queued; `held` bytes of a record cut off by the
+/// previous read are at the start of `buf`. Returns how many are held now.
+fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
+    for _ in 0..READS_PER_TURN {
+        let Some(free) = buf.get_mut(held..) else {
+            return 0;
+        };
+        let filled = match shared.kernel.read(free) {
+            Ok(0) => break,
+            Ok(n) => held + n,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                log::line(format_args!("watcher: reading inotify events: {error}"));
+                break;
+            }
+        };
+        let used = {
+            let parsed = inotify::parse(&buf[..filled]);
+            let mut state = lock(&shared.state);
+            match parsed {
+                Ok((events, used)) => {
+                    for event in &events {
+                        state.handle(event);
+                    }
+                    used
+                }
+                Err(error) => {
+                    log::line(format_args!("watcher: {error}"));
+                    filled
+                }
+            }
+        };
+        buf.copy_within(used..filled, 0);
+        held = filled - used;
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests;

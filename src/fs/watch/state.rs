@@ -1,0 +1,394 @@
+//! The watcher's state and what each inotify event does to it: which watches it concerns,
+//! the changes they are told, the directories a recursive watch adds or drops.
+//!
+//! Everything here runs under the hub's lock: on the watcher thread for events, in a worker for
+//! a watch being set up. Decisions (fsnotify's, as e2b-dev's fork v0.0.1 makes them, unless
+//! said otherwise):
+//!
+//! - An event on a watch's root itself (`IN_ATTRIB`, `IN_DELETE_SELF`, `IN_MOVE_SELF`) is
+//!   reported with the name `.`. A root moved away is no longer watched (its path names
+//!   something else now); the watch lives on, silent, until its owner ends it, as envd's.
+//! - A subdirectory's own events are not reported: its parent reports its deletion, its move
+//!   and its attribute change (fsnotify reports the last twice; sandboxd once).
+//! - A directory created or moved into a recursive watch is watched, then listed, and every
+//!   entry found in it is reported as created, in the order of Go's `filepath.WalkDir` (as
+//!   `mkdir -p a/b/c` would otherwise show only `a`); a directory moved within the tree (its
+//!   `IN_MOVED_FROM` seen by the same watch) is watched again without those reports.
+//! - A directory moved away stops being watched at once (fsnotify keeps watching it under its
+//!   old name). Events inside a directory moved within the tree, between the move and the new
+//!   watch, are lost.
+//! - Entries that come and go in a new directory before its watch is in place are seen only
+//!   by the listing: a file created there then written shows one create, no write; one created
+//!   between the watch and the listing shows two creates.
+//! - `IN_Q_OVERFLOW`: the kernel dropped events, nobody knows whose; every watch ends.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::ops::{self, Op, MASK};
+use super::table::{Table, WatchId};
+use super::{Change, Ended, Sink, WatchError};
+use crate::sys::inotify::{Event, Inotify, Wd};
+
+/// Moves remembered to pair an `IN_MOVED_TO` with its `IN_MOVED_FROM` (they are usually
+/// consecutive; a move out of the tree never gets its pair, so old ones are overwritten).
+const MOVES: usize = 16;
+
+pub struct State {
+    kernel: Arc<Inotify>,
+    table: Table,
+    watches: HashMap<WatchId, Watch>,
+    next_id: WatchId,
+    moves: [(u32, WatchId); MOVES],
+    next_move: usize,
+}
+
+struct Watch {
+    root: PathBuf,
+    recursive: bool,
+    sink: Box<dyn Sink>,
+}
+
+impl State {
+    pub fn new(kernel: Arc<Inotify>) -> State {
+        State {
+            kernel,
+            table: Table::default(),
+            watches: HashMap::new(),
+            next_id: 1,
+            moves: [(0, 0); MOVES],
+            next_move: 0,
+        }
+    }
+
+    /// A new watch, with no directory yet.
+    pub fn insert(&mut self, root: &Path, recursive: bool, sink: Box<dyn Sink>) -> WatchId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let watch = Watch {
+            root: root.to_path_buf(),
+            recursive,
+            sink,
+        };
+        self.watches.insert(id, watch);
+        id
+    }
+
+    /// Drops a watch and the kernel watches nobody else needs; its sink, if it was there.
+    pub fn remove(&mut self, id: WatchId) -> Option<Box<dyn Sink>> {
+        let watch = self.watches.remove(&id)?;
+        let freed = self.table.unsubscribe_all(id);
+        self.release(freed);
+        Some(watch.sink)
+    }
+
+    /// How many directories the kernel watches for the hub.
+    #[cfg(test)]
+    pub fn watched_dirs(&self) -> usize {
+        self.table.len()
+    }
+
+    /// How many watches there are.
+    #[cfg(test)]
+    pub fn watches(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// The earliest instant a sink wants its tick.
+    pub fn next_tick(&self) -> Option<Instant> {
+        self.watches
+            .values()
+            .filter_map(|watch| watch.sink.next_tick())
+            .min()
+    }
+
+    /// Ticks every sink that is due; drops the watches whose sink is done.
+    pub fn tick(&mut self, now: Instant) {
+        let due: Vec<WatchId> = self
+            .watches
+            .iter()
+            .filter(|(_, watch)| watch.sink.next_tick().is_some_and(|at| at <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let alive = self
+                .watches
+                .get_mut(&id)
+                .is_some_and(|watch| watch.sink.tick(now));
+            if !alive {
+                self.remove(id);
+            }
+        }
+    }
+
+    /// Applies one inotify event.
+    pub fn handle(&mut self, event: &Event<'_>) {
+        if event.mask & libc::IN_Q_OVERFLOW != 0 {
+            let ids: Vec<WatchId> = self.watches.keys().copied().collect();
+            for id in ids {
+                self.end(id, Ended::Overflow);
+            }
+            let rest = self.table.clear();
+            self.release(rest);
+            return;
+        }
+        if event.mask & libc::IN_IGNORED != 0 {
+            self.table.forget(event.wd);
+            return;
+        }
+        for sub in self.table.subscribers(event.wd).to_vec() {
+            let Some(watch) = self.watches.get(&sub.watch) else {
+                continue;
+            };
+            let (root, recursive) = (watch.root.clone(), watch.recursive);
+            if event.name.is_empty() {
+                if sub.rel.as_os_str().is_empty() {
+                    self.on_root(sub.watch, &root, event.mask);
+                }
+            } else {
+                let rel = sub.rel.join(event.name);
+                self.on_entry(sub.watch, &root.join(&rel), &rel, recursive, event);
+            }
+        }
+    }
+
+    /// An event on a watch's root directory itself.
+    fn on_root(&mut self, id: WatchId, root: &Path, mask: u32) {
+        for op in ops::from_mask(mask) {
+            if !self.deliver(id, op, Path::new(""), root) {
+                return;
+            }
+        }
+        if mask & libc::IN_MOVE_SELF != 0 {
+            let freed = self.table.unsubscribe_all(id);
+            self.release(freed);
+        }
+    }
+
+    /// An event on an entry of a watched directory.
+    fn on_entry(&mut self, id: WatchId, abs: &Path, rel: &Path, recursive: bool, event: &Event) {
+        for op in ops::from_mask(event.mask) {
+            if !self.deliver(id, op, rel, abs) {
+                return;
+            }
+        }
+        if !recursive || event.mask & libc::IN_ISDIR == 0 {
+            return;
+        }
+        if event.mask & libc::IN_MOVED_FROM != 0 {
+            self.remember_move(event.cookie, id);
+            let freed = self.table.unsubscribe_below(id, rel);
+            self.release(freed);
+        }
+        if event.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
+            let moved_within =
+                event.mask & libc::IN_MOVED_TO != 0 && self.take_move(event.cookie, id);
+            let tree = Tree {
+                watch: id,
+                abs,
+                rel,
+                recursive: true,
+                announce: !moved_within,
+                strict: false,
+            };
+            if let Err(error) = add_tree(self, &tree) {
+                self.end(id, Ended::Failed(error));
+            }
+        }
+    }
+
+    /// Tells watch `id` of a change; false when the watch is gone (its sink was done and it is
+    /// dropped now, or it was already).
+    fn deliver(&mut self, id: WatchId, op: Op, rel: &Path, abs: &Path) -> bool {
+        let Some(watch) = self.watches.get_mut(&id) else {
+            return false;
+        };
+        let name = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let change = Change {
+            op,
+            name,
+            path: abs,
+        };
+        if watch.sink.deliver(&change) {
+            return true;
+        }
+        self.remove(id);
+        false
+    }
+
+    /// Ends watch `id` for `ended`, telling its sink.
+    fn end(&mut self, id: WatchId, ended: Ended) {
+        if let Some(sink) = self.remove(id) {
+            sink.end(ended);
+        }
+    }
+
+    /// Watches the directory `abs`, seen by watch `id` at `rel`. `Ok(false)`: not watched, and
+    /// not to be listed (the watch is gone; or, unless `strict`, the directory vanished, is
+    /// not a directory any more, or may not be read). `IN_DONT_FOLLOW` unless `strict`: inside
+    /// a tree a link is an entry, never a way out of it; a watch's root may be a link.
+    fn add_dir(
+        &mut self,
+        id: WatchId,
+        abs: &Path,
+        rel: &Path,
+        strict: bool,
+    ) -> Result<bool, WatchError> {
+        if !self.watches.contains_key(&id) {
+            return Ok(false);
+        }
+        let flags = if strict {
+            MASK | libc::IN_ONLYDIR
+        } else {
+            MASK | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW
+        };
+        match self.kernel.add_watch(abs, flags) {
+            Ok(wd) => {
+                self.table.subscribe(wd, id, rel);
+                Ok(true)
+            }
+            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => Err(WatchError::Limit {
+                path: abs.to_path_buf(),
+            }),
+            Err(error) if !strict && vanished(&error) => Ok(false),
+            Err(error) => Err(WatchError::Io {
+                path: abs.to_path_buf(),
+                error,
+            }),
+        }
+    }
+
+    /// Removes kernel watches nobody needs. One the kernel already dropped (its `IN_IGNORED`
+    /// not read yet) is `EINVAL`, which changes nothing.
+    fn release(&mut self, wds: Vec<Wd>) {
+        for wd in wds {
+            let _ = self.kernel.rm_watch(wd);
+        }
+    }
+
+    fn remember_move(&mut self, cookie: u32, id: WatchId) {
+        if cookie != 0 {
+            self.moves[self.next_move] = (cookie, id);
+            self.next_move = (self.next_move + 1) % MOVES;
+        }
+    }
+
+    fn take_move(&mut self, cookie: u32, id: WatchId) -> bool {
+        let Some(slot) = self
+            .moves
+            .iter_mut()
+            .find(|(c, watch)| cookie != 0 && *c == cookie && *watch == id)
+        else {
+            return false;
+        };
+        *slot = (0, 0);
+        true
+    }
+}
+
+/// An error of `inotify_add_watch` that means the entry is not a directory to watch any more.
+fn vanished(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES | libc::EPERM | libc::ELOOP)
+    )
+}
+
+/// Lends the state to [`add_tree`] one directory at a time: a worker setting up a watch takes
+/// the lock for each directory, so the watcher thread keeps reading events meanwhile; the
+/// watcher thread, which already holds it, lends it directly.
+pub trait Access {
+    fn with<R>(&mut self, f: impl FnOnce(&mut State) -> R) -> R;
+}
+
+impl Access for State {
+    fn with<R>(&mut self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(self)
+    }
+}
+
+/// The hub's lock, taken for each step.
+pub struct Locked<'a>(pub &'a Mutex<State>);
+
+impl Access for Locked<'_> {
+    fn with<R>(&mut self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut lock(self.0))
+    }
+}
+
+pub fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A directory tree to add to a watch.
+pub struct Tree<'a> {
+    pub watch: WatchId,
+    /// The directory, and its path relative to the watch's root.
+    pub abs: &'a Path,
+    pub rel: &'a Path,
+    /// Every directory below too, or the directory alone.
+    pub recursive: bool,
+    /// Report every entry below the directory as created (a new directory's contents).
+    pub announce: bool,
+    /// Errors on the directory itself are errors (a watch's root), not a reason to skip it.
+    pub strict: bool,
+}
+
+/// Watches `tree.abs` and, when recursive, every directory below it, each before it is
+/// listed, so that whatever appears after the listing is reported by the kernel. Depth first,
+/// entries in name order (Go's `filepath.WalkDir`), links not followed. Entries that vanish or
+/// may not be read meanwhile are skipped; the watch limit is an error.
+pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchError> {
+    enum Step {
+        Stop,
+        Skip,
+        List,
+    }
+    // (absolute path, relative path, is a directory, is the tree's top)
+    let mut stack = vec![(tree.abs.to_path_buf(), tree.rel.to_path_buf(), true, true)];
+    while let Some((abs, rel, is_dir, top)) = stack.pop() {
+        let step = access.with(|state| -> Result<Step, WatchError> {
+            if tree.announce && !top && !state.deliver(tree.watch, Op::Create, &rel, &abs) {
+                return Ok(Step::Stop);
+            }
+            if !is_dir {
+                return Ok(Step::Skip);
+            }
+            let strict = top && tree.strict;
+            Ok(match state.add_dir(tree.watch, &abs, &rel, strict)? {
+                true => Step::List,
+                false if state.watches.contains_key(&tree.watch) => Step::Skip,
+                false => Step::Stop,
+            })
+        })?;
+        match step {
+            Step::Stop => return Ok(()),
+            Step::Skip => continue,
+            Step::List if !tree.recursive => continue,
+            Step::List => {}
+        }
+        let Ok(entries) = std::fs::read_dir(&abs) else {
+            continue;
+        };
+        let mut children: Vec<(std::ffi::OsString, bool)> = entries
+            .filter_map(Result::ok)
+            .map(|entry| {
+                let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+                (entry.file_name(), is_dir)
+            })
+            .filter(|(_, is_dir)| *is_dir || tree.announce)
+            .collect();
+        children.sort();
+        for (name, is_dir) in children.into_iter().rev() {
+            stack.push((abs.join(&name), rel.join(&name), is_dir, false));
+        }
+    }
+    Ok(())
+}

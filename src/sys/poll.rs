@@ -1,0 +1,128 @@
+//! Waiting on a few descriptors: `poll(2)` for readability, and an `eventfd(2)` another thread
+//! can make readable to wake the waiter.
+//!
+//! Owns those two calls. Reading and writing the eventfd's 8-byte counter go through
+//! `std::fs::File`, so they need no `unsafe`. Used by the directory watcher thread
+//! (`fs::watch`), which waits on its inotify descriptor and on an eventfd that workers signal.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use super::check;
+
+/// A counter another thread increments to wake a thread polling it. Non-blocking, closed on
+/// exec.
+#[derive(Debug)]
+pub struct EventFd {
+    file: File,
+}
+
+impl EventFd {
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor that
+        // nothing else owns.
+        let fd = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `fd` was just returned by the kernel and is owned by no one else; it is
+        // wrapped exactly once.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd {
+            file: File::from(fd),
+        })
+    }
+
+    /// Makes the descriptor readable. A counter already at its maximum (`EAGAIN`) is readable
+    /// anyway, so that is success too.
+    pub fn signal(&self) -> io::Result<()> {
+        match (&self.file).write(&1u64.to_ne_bytes()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Resets the counter, so the descriptor is not readable until the next [`signal`].
+    ///
+    /// [`signal`]: EventFd::signal
+    pub fn drain(&self) -> io::Result<()> {
+        let mut counter = [0u8; 8];
+        match (&self.file).read(&mut counter) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// Waits until one of `fds` is readable (or has an error or hang-up, which a read then
+/// reports), at most `timeout` (`None`: no limit). Returns, for each descriptor in order,
+/// whether it is ready; all `false` on timeout or when a signal interrupted the wait.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let millis = match timeout {
+        None => -1,
+        // Rounded up, so a wait for a deadline never wakes just before it.
+        Some(timeout) => {
+            let millis = timeout.as_nanos().div_ceil(1_000_000);
+            libc::c_int::try_from(millis).unwrap_or(libc::c_int::MAX)
+        }
+    };
+    let count = libc::nfds_t::try_from(polled.len())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `polled` is a live array of `count` initialised pollfd structs, which the kernel
+    // reads and writes (only `revents`) during the call; the descriptors are borrowed for it.
+    let ready = unsafe { libc::poll(polled.as_mut_ptr(), count, millis) };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; polled.len()]);
+        }
+        return Err(error);
+    }
+    Ok(polled.iter().map(|p| p.revents != 0).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn an_eventfd_wakes_a_poll_until_drained() {
+        let wake = EventFd::new().unwrap();
+        let started = Instant::now();
+        let ready = poll_readable(&[wake.as_fd()], Some(Duration::from_millis(20))).unwrap();
+        assert_eq!(ready, vec![false]);
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        wake.signal().unwrap();
+        wake.signal().unwrap();
+        let ready = poll_readable(&[wake.as_fd()], None).unwrap();
+        assert_eq!(ready, vec![true]);
+        wake.drain().unwrap();
+        let ready = poll_readable(&[wake.as_fd()], Some(Duration::ZERO)).unwrap();
+        assert_eq!(ready, vec![false]);
+        wake.drain().unwrap();
+    }
+
+    #[test]
+    fn readiness_is_reported_per_descriptor() {
+        let (quiet, loud) = (EventFd::new().unwrap(), EventFd::new().unwrap());
+        loud.signal().unwrap();
+        let ready = poll_readable(&[quiet.as_fd(), loud.as_fd()], Some(Duration::ZERO)).unwrap();
+        assert_eq!(ready, vec![false, true]);
+    }
+}

@@ -1,0 +1,583 @@
+//! envd's directory watches against the real binary: `WatchDir` (a Connect server stream read
+//! here envelope by envelope) and `CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`, as the
+//! SDKs call them; the kernel's watches observed through `/proc/<pid>/fdinfo`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common;
+use crate::common::{start, Daemon, Reply, TOKEN};
+use serde_json::{json, Value};
+
+/// `base64("user:")`, as the SDKs send the user.
+const AS_USER: &str = "Basic dXNlcjo=";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
+    let headers = [
+        ("X-Access-Token", TOKEN),
+        ("Content-Type", "application/json"),
+        ("Authorization", AS_USER),
+    ];
+    let path = format!("/filesystem.Filesystem/{method}");
+    daemon.call_with("POST", &path, &headers, body.to_string().as_bytes())
+}
+
+fn envelope(flags: u8, message: &[u8]) -> Vec<u8> {
+    let mut out = vec![flags];
+    out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// One message of the stream: its JSON, and whether it is the end-of-stream one.
+#[derive(Debug)]
+struct Message {
+    end: bool,
+    json: Value,
+}
+
+/// A WatchDir call, read as it arrives: the head, then the (chunked) body split into
+/// envelopes, whatever the pieces the bytes come in.
+struct Watch {
+    socket: TcpStream,
+    status: u16,
+    headers: Vec<(String, String)>,
+    chunked: bool,
+    raw: Vec<u8>,
+    body: Vec<u8>,
+    ended: bool,
+}
+
+impl Watch {
+    fn open(daemon: &Daemon, request: Value, headers: &[(&str, &str)]) -> Watch {
+        let body = envelope(0, request.to_string().as_bytes());
+        let mut head = format!(
+            "POST /filesystem.Filesystem/WatchDir HTTP/1.1\r\nHost: test\r\n\
+             X-Access-Token: {TOKEN}\r\nAuthorization: {AS_USER}\r\n\
+             Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+             Content-Length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        let mut socket = daemon.connect();
+        socket.write_all(head.as_bytes()).unwrap();
+        socket.write_all(&body).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut watch = Watch {
+            socket,
+            status: 0,
+            headers: Vec::new(),
+            chunked: false,
+            raw: Vec::new(),
+            body: Vec::new(),
+            ended: false,
+        };
+        let deadline = Instant::now() + WAIT;
+        let end = loop {
+            if let Some(at) = watch.raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at;
+            }
+            assert!(Instant::now() < deadline, "no answer head");
+            watch.fill();
+        };
+        let head = String::from_utf8(watch.raw[..end].to_vec()).unwrap();
+        watch.raw.drain(..end + 4);
+        let mut lines = head.split("\r\n");
+        watch.status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        for line in lines {
+            let (name, value) = line.split_once(':').unwrap();
+            watch
+                .headers
+                .push((name.to_ascii_lowercase(), value.trim().to_string()));
+        }
+        watch.chunked = watch.header("transfer-encoding") == Some("chunked");
+        watch
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(n, _)| n == name);
+        found.map(|(_, v)| v.as_str())
+    }
+
+    /// Reads what has arrived (at most 100 ms of waiting).
+    fn fill(&mut self) -> usize {
+        let mut buf = [0u8; 65536];
+        match self.socket.read(&mut buf) {
+            Ok(0) => {
+                self.ended = true;
+                0
+            }
+            Ok(n) => {
+                self.raw.extend_from_slice(&buf[..n]);
+                n
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                0
+            }
+            Err(_) => {
+                self.ended = true;
+                0
+            }
+        }
+    }
+
+    /// Moves the complete chunks of `raw` to `body`.
+    fn dechunk(&mut self) {
+        if !self.chunked {
+            self.body.append(&mut self.raw);
+            return;
+        }
+        loop {
+            let Some(line_end) = self.raw.windows(2).position(|w| w == b"\r\n") else {
+                return;
+            };
+            let size = std::str::from_utf8(&self.raw[..line_end]).unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            let start = line_end + 2;
+            if self.raw.len() < start + size + 2 {
+                return;
+            }
+            self.body.extend_from_slice(&self.raw[start..start + size]);
+            self.raw.drain(..start + size + 2);
+        }
+    }
+
+    /// The next message, waiting at most `limit`.
+    fn next_within(&mut self, limit: Duration) -> Option<Message> {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.dechunk();
+            if self.body.len() >= 5 {
+                let len = u32::from_be_bytes(self.body[1..5].try_into().unwrap()) as usize;
+                if self.body.len() >= 5 + len {
+                    let json = serde_json::from_slice(&self.body[5..5 + len]).unwrap();
+                    let end = self.body[0] & 0x02 != 0;
+                    self.body.drain(..5 + len);
+                    return Some(Message { end, json });
+                }
+            }
+            if self.ended || Instant::now() >= deadline {
+                return None;
+            }
+            self.fill();
+        }
+    }
+
+    fn next(&mut self) -> Message {
+        self.next_within(WAIT).expect("a message within 10 s")
+    }
+
+    /// The filesystem events until `expected` (type, name) pairs were all seen in order
+    /// (keep-alives skipped); panics on the end of the stream or after 10 s.
+    fn events_until(&mut self, expected: &[(&str, &str)]) -> Vec<Value> {
+        let mut seen = Vec::new();
+        let mut want = expected.iter().peekable();
+        let deadline = Instant::now() + WAIT;
+        while want.peek().is_some() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(message) = self.next_within(left) else {
+                panic!("expected {:?}, saw {seen:?}", want.collect::<Vec<_>>());
+            };
+            assert!(!message.end, "the stream ended: {message:?}; saw {seen:?}");
+            let Some(event) = message.json.get("filesystem") else {
+                continue;
+            };
+            let (kind, name) = (
+                event["type"].as_str().unwrap(),
+                event["name"].as_str().unwrap(),
+            );
+            if want.peek().is_some_and(|(k, n)| *k == kind && *n == name) {
+                want.next();
+            }
+            seen.push(event.clone());
+        }
+        seen
+    }
+}
+
+fn assert_start(watch: &mut Watch) {
+    assert_eq!(watch.status, 200);
+    assert_eq!(
+        watch.header("content-type"),
+        Some("application/connect+json")
+    );
+    let first = watch.next();
+    assert_eq!(first.json, json!({"start": {}}), "{first:?}");
+}
+
+/// The end-of-stream message's error (code and message), skipping the events before it; and
+/// how many events there were.
+fn end_error(watch: &mut Watch, limit: Duration) -> (String, String, usize) {
+    let deadline = Instant::now() + limit;
+    let mut events = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = watch.next_within(left).expect("the end of the stream");
+        if message.end {
+            let error = &message.json["error"];
+            let text = |v: &Value| v.as_str().unwrap_or("none").to_string();
+            return (text(&error["code"]), text(&error["message"]), events);
+        }
+        events += 1;
+    }
+}
+
+/// The kernel watches of the daemon's inotify instance (`None`: it has none yet).
+fn inotify_watches(daemon: &Daemon) -> Option<usize> {
+    let fds = Path::new("/proc").join(daemon.pid().to_string());
+    for entry in std::fs::read_dir(fds.join("fd")).ok()? {
+        let entry = entry.ok()?;
+        let target = std::fs::read_link(entry.path()).ok()?;
+        if target.to_string_lossy() == "anon_inode:inotify" {
+            let info = std::fs::read_to_string(fds.join("fdinfo").join(entry.file_name())).ok()?;
+            return Some(
+                info.lines()
+                    .filter(|l| l.starts_with("inotify wd:"))
+                    .count(),
+            );
+        }
+    }
+    None
+}
+
+fn wait_for_watches(daemon: &Daemon, expected: usize) {
+    let deadline = Instant::now() + WAIT;
+    while inotify_watches(daemon).unwrap_or(0) != expected {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} kernel watches, expected {expected}",
+            inotify_watches(daemon)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn rss_kib(daemon: &Daemon, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn watch_dir_streams_start_then_create_write_chmod_rename_remove() {
+    let daemon = start();
+    let dir = daemon.home().join("watched");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "watched"}), &[]);
+    assert_start(&mut watch);
+
+    std::fs::write(dir.join("a.txt"), b"hello").unwrap();
+    std::fs::set_permissions(
+        dir.join("a.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::rename(dir.join("a.txt"), dir.join("b.txt")).unwrap();
+    std::fs::write(dir.join("sub/not-recursive"), b"").unwrap();
+    std::fs::remove_file(dir.join("b.txt")).unwrap();
+    let seen = watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "a.txt"),
+        ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_CHMOD", "a.txt"),
+        ("EVENT_TYPE_RENAME", "a.txt"),
+        ("EVENT_TYPE_CREATE", "b.txt"),
+        ("EVENT_TYPE_REMOVE", "b.txt"),
+    ]);
+    assert!(
+        !seen
+            .iter()
+            .any(|e| e["name"].as_str().unwrap().contains("not-recursive")),
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|e| e.get("entry").is_none()), "{seen:?}");
+    common::assert_health_within(&daemon, Duration::from_secs(2));
+}
+
+#[test]
+fn a_recursive_watch_sees_nested_changes_and_new_directories() {
+    let daemon = start();
+    let dir = daemon.home().join("tree");
+    std::fs::create_dir_all(dir.join("old/deep")).unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "tree", "recursive": true}), &[]);
+    assert_start(&mut watch);
+    assert_eq!(inotify_watches(&daemon), Some(3));
+    std::fs::write(dir.join("old/deep/f"), b"").unwrap();
+    std::fs::create_dir_all(dir.join("new/a/b")).unwrap();
+    watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "old/deep/f"),
+        ("EVENT_TYPE_CREATE", "new"),
+        ("EVENT_TYPE_CREATE", "new/a"),
+        ("EVENT_TYPE_CREATE", "new/a/b"),
+    ]);
+    std::fs::write(dir.join("new/a/b/late.txt"), b"x").unwrap();
+    std::fs::remove_dir_all(dir.join("old")).unwrap();
+    watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "new/a/b/late.txt"),
+        ("EVENT_TYPE_WRITE", "new/a/b/late.txt"),
+        ("EVENT_TYPE_REMOVE", "old/deep/f"),
+        ("EVENT_TYPE_REMOVE", "old/deep"),
+        ("EVENT_TYPE_REMOVE", "old"),
+    ]);
+    // tree, new, new/a, new/a/b
+    wait_for_watches(&daemon, 4);
+}
+
+#[test]
+fn include_entry_describes_creates_and_writes_but_not_removes() {
+    let daemon = start();
+    let home = daemon.home();
+    let mut watch = Watch::open(&daemon, json!({"path": "", "includeEntry": true}), &[]);
+    assert_start(&mut watch);
+    std::fs::write(home.join("e.txt"), b"12345").unwrap();
+    std::fs::remove_file(home.join("e.txt")).unwrap();
+    let seen = watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "e.txt"),
+        ("EVENT_TYPE_REMOVE", "e.txt"),
+    ]);
+    let remove = seen
+        .iter()
+        .find(|e| e["type"] == "EVENT_TYPE_REMOVE")
+        .unwrap();
+    assert!(remove.get("entry").is_none(), "{remove}");
+    // The create's entry was read after the file was gone, or before: best-effort.
+    let create = &seen[0];
+    if let Some(entry) = create.get("entry") {
+        assert_eq!(entry["name"], "e.txt");
+        assert_eq!(entry["path"], home.join("e.txt").to_str().unwrap());
+        assert_eq!(entry["type"], "FILE_TYPE_FILE");
+    }
+
+    std::fs::write(home.join("kept.txt"), b"12345").unwrap();
+    let seen = watch.events_until(&[("EVENT_TYPE_WRITE", "kept.txt")]);
+    let write = seen.last().unwrap();
+    assert_eq!(write["entry"]["name"], "kept.txt");
+    assert_eq!(write["entry"]["size"], "5");
+}
+
+#[test]
+fn keepalives_come_at_the_interval_the_header_asks() {
+    let daemon = start();
+    let mut watch = Watch::open(
+        &daemon,
+        json!({"path": ""}),
+        &[("Keepalive-Ping-Interval", "1")],
+    );
+    assert_start(&mut watch);
+    let started = Instant::now();
+    for _ in 0..2 {
+        let message = watch
+            .next_within(Duration::from_secs(4))
+            .expect("a keep-alive");
+        assert_eq!(message.json, json!({"keepalive": {}}));
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(6),
+        "two keep-alives in {elapsed:?}"
+    );
+}
+
+#[test]
+fn connect_timeout_ends_the_stream_with_deadline_exceeded() {
+    let daemon = start();
+    let mut watch = Watch::open(
+        &daemon,
+        json!({"path": ""}),
+        &[("Connect-Timeout-Ms", "300")],
+    );
+    assert_start(&mut watch);
+    let started = Instant::now();
+    assert_eq!(end_error(&mut watch, WAIT).0, "deadline_exceeded");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    wait_for_watches(&daemon, 0);
+}
+
+#[test]
+fn a_client_that_leaves_has_its_watch_dropped() {
+    let daemon = start();
+    std::fs::create_dir_all(daemon.home().join("a/b")).unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "", "recursive": true}), &[]);
+    assert_start(&mut watch);
+    assert_eq!(inotify_watches(&daemon), Some(3));
+    drop(watch);
+    wait_for_watches(&daemon, 0);
+    common::assert_health_within(&daemon, Duration::from_secs(2));
+    // Another watch works as before.
+    let mut watch = Watch::open(&daemon, json!({"path": "a"}), &[]);
+    assert_start(&mut watch);
+    std::fs::write(daemon.home().join("a/f"), b"").unwrap();
+    watch.events_until(&[("EVENT_TYPE_CREATE", "f")]);
+}
+
+#[test]
+fn a_client_that_does_not_read_is_ended_without_the_daemon_growing() {
+    let daemon = start();
+    let dir = daemon.home().join("busy");
+    std::fs::create_dir(&dir).unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "busy", "includeEntry": true}), &[]);
+    let before = rss_kib(&daemon, "VmRSS:");
+    // About 1 KiB per event with its entry: far more than the stream's 1 MiB queue and the
+    // sockets' buffers hold.
+    let long = "x".repeat(200);
+    for i in 0..12_000 {
+        std::fs::write(dir.join(format!("{long}-{i}")), b"").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let peak = rss_kib(&daemon, "VmHWM:");
+    assert!(
+        peak < before + 16 * 1024,
+        "the daemon grew from {before} KiB to a peak of {peak} KiB"
+    );
+    // The client reads at last: the events that were queued, then the end.
+    assert_start(&mut watch);
+    let (code, message, events) = end_error(&mut watch, Duration::from_secs(30));
+    assert_eq!(code, "resource_exhausted", "{message}");
+    assert!(message.contains("not reading fast enough"), "{message}");
+    eprintln!("{events} events queued, then: {message}; peak {peak} KiB from {before} KiB");
+    assert!((1000..12_000).contains(&events), "{events} events");
+    wait_for_watches(&daemon, 0);
+    common::assert_health_within(&daemon, Duration::from_secs(2));
+}
+
+#[test]
+fn missing_and_non_directory_paths_end_the_stream_with_envds_codes() {
+    let daemon = start();
+    std::fs::write(daemon.home().join("file"), b"").unwrap();
+    for (path, code) in [("missing", "not_found"), ("file", "invalid_argument")] {
+        let mut watch = Watch::open(&daemon, json!({"path": path}), &[]);
+        // connect-es reads only the status of a streaming call that is not 200: the error
+        // travels in the end-of-stream message.
+        assert_eq!(watch.status, 200, "{path}");
+        let message = watch.next();
+        assert!(message.end, "{message:?}");
+        assert_eq!(message.json["error"]["code"], code, "{message:?}");
+        let text = message.json["error"]["message"].as_str().unwrap();
+        assert!(text.contains(path), "{text}");
+    }
+    // As a unary call, WatchDir is refused from its head.
+    let reply = rpc(&daemon, "WatchDir", json!({"path": ""}));
+    assert_eq!(reply.status, 501, "{}", reply.text());
+    assert_eq!(inotify_watches(&daemon).unwrap_or(0), 0);
+}
+
+#[test]
+fn watchers_keep_events_until_asked_and_are_removed() {
+    let daemon = start();
+    let dir = daemon.home().join("polled");
+    std::fs::create_dir(&dir).unwrap();
+    let reply = rpc(
+        &daemon,
+        "CreateWatcher",
+        json!({"path": "polled", "includeEntry": true}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let id = reply.json()["watcherId"].as_str().unwrap().to_string();
+    assert!(id.len() >= 33 && id.starts_with('w'), "{id}");
+
+    std::fs::write(dir.join("one"), b"1").unwrap();
+    std::fs::remove_file(dir.join("one")).unwrap();
+    let mut events = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !events
+        .iter()
+        .any(|e: &Value| e["type"] == "EVENT_TYPE_REMOVE")
+    {
+        assert!(Instant::now() < deadline, "{events:?}");
+        let reply = rpc(&daemon, "GetWatcherEvents", json!({"watcherId": id}));
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        events.extend(reply.json()["events"].as_array().unwrap().iter().cloned());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_REMOVE"],
+        "{events:?}"
+    );
+    assert!(events.iter().all(|e| e["name"] == "one"));
+    // Drained: asked again, nothing new.
+    let reply = rpc(&daemon, "GetWatcherEvents", json!({"watcherId": id}));
+    assert_eq!(reply.json()["events"], json!([]));
+    assert_eq!(inotify_watches(&daemon), Some(1));
+
+    let reply = rpc(&daemon, "RemoveWatcher", json!({"watcherId": id}));
+    assert_eq!((reply.status, reply.json()), (200, json!({})));
+    wait_for_watches(&daemon, 0);
+    for method in ["GetWatcherEvents", "RemoveWatcher"] {
+        let reply = rpc(&daemon, method, json!({"watcherId": id}));
+        assert_eq!(reply.status, 404, "{method}: {}", reply.text());
+        assert_eq!(reply.json()["code"], "not_found");
+        assert_eq!(
+            reply.json()["message"],
+            format!("watcher with id {id} not found")
+        );
+    }
+}
+
+#[test]
+fn create_watcher_refuses_what_envd_refuses() {
+    let daemon = start();
+    std::fs::write(daemon.home().join("file"), b"").unwrap();
+    let reply = rpc(&daemon, "CreateWatcher", json!({"path": "missing"}));
+    assert_eq!(
+        (reply.status, reply.json()["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let reply = rpc(&daemon, "CreateWatcher", json!({"path": "file"}));
+    assert_eq!(
+        (reply.status, reply.json()["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let reply = rpc(&daemon, "GetWatcherEvents", json!({"watcherId": "wnope"}));
+    assert_eq!(
+        (reply.status, reply.json()["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    // Authentication first, as on every method.
+    let reply = daemon.call_with(
+        "POST",
+        "/filesystem.Filesystem/CreateWatcher",
+        &[("Content-Type", "application/json")],
+        b"{}",
+    );
+    assert_eq!(reply.status, 401);
+}
+
+#[test]
+fn a_stream_ends_with_unavailable_when_the_daemon_stops_and_does_not_hold_the_drain() {
+    let mut daemon = start();
+    let mut watch = Watch::open(&daemon, json!({"path": ""}), &[]);
+    assert_start(&mut watch);
+    let stopping = Instant::now();
+    daemon.signal("TERM");
+    let (code, message, _) = end_error(&mut watch, WAIT);
+    assert_eq!(code, "unavailable", "{message}");
+    let status = daemon.wait(WAIT).expect("the daemon exits");
+    assert!(status.success(), "{status:?}");
+    // The default drain timeout is 10 s: the stream ended well before it.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopping.elapsed()
+    );
+}
