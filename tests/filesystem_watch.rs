@@ -581,3 +581,53 @@ fn a_stream_ends_with_unavailable_when_the_daemon_stops_and_does_not_hold_the_dr
         stopping.elapsed()
     );
 }
+
+#[test]
+fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
+    let daemon = start();
+    let dir = daemon.home().join("up");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "up"}), &[]);
+    assert_start(&mut watch);
+    let upload = |body: &[u8]| {
+        let reply = daemon.call_with(
+            "POST",
+            "/files?path=up/a.txt&username=user",
+            &[("X-Access-Token", TOKEN)],
+            body,
+        );
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    };
+    // A new file, then the same name replaced (a temporary renamed over it underneath), then a
+    // marker made by hand so that everything before it has been delivered.
+    upload(b"one");
+    upload(b"two");
+    std::fs::write(dir.join("marker"), b"").unwrap();
+    let seen = watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "a.txt"),
+        ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_CREATE", "marker"),
+    ]);
+    let names: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["name"].as_str().unwrap()))
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|(_, name)| *name == "a.txt" || *name == "marker"),
+        "a temporary appeared: {names:?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|(kind, _)| *kind == "EVENT_TYPE_RENAME" || *kind == "EVENT_TYPE_REMOVE"),
+        "{names:?}"
+    );
+    let creates = names
+        .iter()
+        .filter(|(kind, name)| *kind == "EVENT_TYPE_CREATE" && *name == "a.txt")
+        .count();
+    assert_eq!(creates, 1, "the replacement is not a new file: {names:?}");
+}

@@ -163,7 +163,10 @@ impl Staged {
             None if replacing => temp::link_named(&file, &dir, &name).map_err(fail)?,
             None => match sys::file::link_unnamed(&file, &destination) {
                 // The destination did not exist: created whole, in one step.
-                Ok(()) => return sync_dir(&dir),
+                Ok(()) => {
+                    announce_write(&destination);
+                    return sync_dir(&dir);
+                }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
                     temp::link_named(&file, &dir, &name).map_err(fail)?
                 }
@@ -173,6 +176,7 @@ impl Staged {
         drop(file);
         fs::rename(&temp.path, &destination).map_err(fail)?;
         temp.keep();
+        announce_write(&destination);
         sync_dir(&dir)
     }
 
@@ -222,6 +226,15 @@ impl Finished {
     }
 }
 
+/// Tells directory watchers (inotify) that the file now at `destination` was written: its
+/// content arrived through an unnamed file or a temporary name, which a watcher does not see as
+/// a write of this name. Touching only the modification time (it was just written) gives the
+/// `IN_MODIFY` an in-place write would have, so a client watching the directory sees `create`
+/// (for a new file) and `write`, never the temporary. Best-effort: the file is in place already.
+fn announce_write(destination: &Path) {
+    let _ = sys::file::touch_modified(destination);
+}
+
 /// Makes every file durable, then renames each over its destination, in order, then syncs each
 /// directory once. A failure before the first rename removes them all; a rename failing stops
 /// there: the files before it are placed, it and the rest are removed.
@@ -241,8 +254,13 @@ pub fn place_all(finished: Vec<Finished>) -> Result<(), ApiError> {
             result = Err(writing(&err, &file.destination));
             break;
         }
-        let Finished { temp, dir, .. } = file;
+        let Finished {
+            temp,
+            dir,
+            destination,
+        } = file;
         temp.keep();
+        announce_write(&destination);
         if seen.insert(dir.clone()) {
             dirs.push(dir);
         }

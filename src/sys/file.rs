@@ -65,6 +65,35 @@ pub fn link_unnamed(file: &File, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the modification time of the file at `path` (not following a final symlink) to now,
+/// and nothing else: the kernel reports it to inotify as a modification (`IN_MODIFY`) of the
+/// name, without touching the data.
+pub fn touch_modified(path: &Path) -> io::Result<()> {
+    let path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    // SAFETY: `path` is a NUL-terminated CString and `times` an array of two timespecs, both
+    // alive for the call, which only reads them.
+    check(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

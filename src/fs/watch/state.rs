@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -31,6 +32,7 @@ use std::time::Instant;
 use super::ops::{self, Op, MASK};
 use super::table::{Table, WatchId};
 use super::{Change, Ended, Sink, WatchError};
+use crate::fs::temp;
 use crate::sys::inotify::{Event, Inotify, Wd};
 
 /// Moves remembered to pair an `IN_MOVED_TO` with its `IN_MOVED_FROM` (they are usually
@@ -44,6 +46,10 @@ pub struct State {
     next_id: WatchId,
     moves: [(u32, WatchId); MOVES],
     next_move: usize,
+    /// Cookies of sandboxd's temporaries moved away: their `IN_MOVED_TO` is an upload or a
+    /// compose replacing a file, reported by the placement itself (see [`State::handle`]).
+    placements: [u32; MOVES],
+    next_placement: usize,
 }
 
 struct Watch {
@@ -61,6 +67,8 @@ impl State {
             next_id: 1,
             moves: [(0, 0); MOVES],
             next_move: 0,
+            placements: [0; MOVES],
+            next_placement: 0,
         }
     }
 
@@ -137,6 +145,9 @@ impl State {
         }
         if event.mask & libc::IN_IGNORED != 0 {
             self.table.forget(event.wd);
+            return;
+        }
+        if self.is_placement(event) {
             return;
         }
         for sub in self.table.subscribers(event.wd).to_vec() {
@@ -271,6 +282,54 @@ impl State {
         for wd in wds {
             let _ = self.kernel.rm_watch(wd);
         }
+    }
+
+    /// Whether `event` is part of how sandboxd places a file (`fs::atomic`), which a client
+    /// never sees: its temporaries (`.<name>.sandboxd-….tmp`, and unnamed `O_TMPFILE` files,
+    /// which inotify reports as `#<inode>`) appear in no event, and one renamed
+    /// over a name does not show as a rename or a create. What a client means is reported
+    /// instead: a new file's link gives `create`, and the placement then touches the file's
+    /// modification time, which gives `write` for the name (as envd's in-place writes do).
+    fn is_placement(&mut self, event: &Event) -> bool {
+        if self.is_unnamed_file(event) {
+            return true;
+        }
+        if !event.name.is_empty() && temp::parse_temp_name(event.name).is_some() {
+            if event.mask & libc::IN_MOVED_FROM != 0 && event.cookie != 0 {
+                self.placements[self.next_placement] = event.cookie;
+                self.next_placement = (self.next_placement + 1) % MOVES;
+            }
+            return true;
+        }
+        if event.mask & libc::IN_MOVED_TO == 0 || event.cookie == 0 {
+            return false;
+        }
+        match self.placements.iter_mut().find(|c| **c == event.cookie) {
+            Some(cookie) => {
+                *cookie = 0;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// An event on an `O_TMPFILE` file being written: the kernel names it `#<inode>`, a name no
+    /// entry of the directory has (one that does is a real file, and reported).
+    fn is_unnamed_file(&self, event: &Event) -> bool {
+        let name = event.name.as_bytes();
+        let looks_unnamed =
+            name.len() > 1 && name[0] == b'#' && name[1..].iter().all(u8::is_ascii_digit);
+        if !looks_unnamed {
+            return false;
+        }
+        let Some(sub) = self.table.subscribers(event.wd).first() else {
+            return false;
+        };
+        let Some(watch) = self.watches.get(&sub.watch) else {
+            return false;
+        };
+        let path = watch.root.join(&sub.rel).join(event.name);
+        matches!(std::fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound)
     }
 
     fn remember_move(&mut self, cookie: u32, id: WatchId) {
