@@ -3,11 +3,15 @@
 //! `os/user` finds none).
 //!
 //! The group file is the one beside the passwd file (`/etc/group` for `/etc/passwd`), so a
-//! daemon pointed at another passwd file (a test, a chroot) reads the matching groups. Both are
-//! read once per request that needs names: users are added at run time inside sandboxes.
+//! daemon pointed at another passwd file (a test, a chroot) reads the matching groups. Users are
+//! added at run time inside sandboxes, so each request looks at both files again, but only with
+//! a `stat`: they are read and parsed anew when their identity, size or modification time
+//! changed, and the last parse is shared otherwise.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// uid and gid to names, from one read of both files.
 #[derive(Debug, Default)]
@@ -16,7 +20,48 @@ pub struct Owners {
     groups: HashMap<u32, String>,
 }
 
+/// What identifies a version of a file without reading it: device, inode, size, mtime.
+type Version = Option<(u64, u64, u64, i64, i64)>;
+
+fn version(path: &Path) -> Version {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+    ))
+}
+
+/// The last parse, and the files and versions it came from.
+type Cached = (PathBuf, Version, Version, Arc<Owners>);
+
+static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
+
 impl Owners {
+    /// The names from the passwd file and the group file beside it, parsed again only when
+    /// either changed; a file that cannot be read names nobody (every id is then shown as its
+    /// number).
+    pub fn current(passwd_file: &Path) -> Arc<Owners> {
+        let group_file = passwd_file.with_file_name("group");
+        let (passwd, group) = (version(passwd_file), version(&group_file));
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((path, p, g, owners)) = cache.as_ref() {
+            if path == passwd_file && *p == passwd && *g == group && passwd.is_some() {
+                return Arc::clone(owners);
+            }
+        }
+        let owners = Arc::new(Owners::load(passwd_file));
+        *cache = Some((
+            passwd_file.to_path_buf(),
+            passwd,
+            group,
+            Arc::clone(&owners),
+        ));
+        owners
+    }
+
     /// Reads the passwd file and the group file beside it; a file that cannot be read names
     /// nobody (every id is then shown as its number).
     pub fn load(passwd_file: &Path) -> Owners {

@@ -166,7 +166,7 @@ fn run(
 pub struct Caller {
     resolver: Resolver,
     pub user: User,
-    pub owners: Owners,
+    pub owners: Arc<Owners>,
 }
 
 impl Caller {
@@ -175,7 +175,7 @@ impl Caller {
         Ok(Caller {
             user: resolver.user.clone(),
             resolver,
-            owners: Owners::load(&app.config.passwd_file),
+            owners: Owners::current(&app.config.passwd_file),
         })
     }
 

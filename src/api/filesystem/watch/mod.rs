@@ -84,7 +84,7 @@ pub struct FilesystemEvent {
 /// How a watch describes its changes.
 struct Describe {
     include_entry: bool,
-    owners: Owners,
+    owners: std::sync::Arc<Owners>,
 }
 
 impl Describe {
@@ -188,7 +188,7 @@ mod tests {
         std::fs::write(&file, b"abc").unwrap();
         let describe = Describe {
             include_entry: true,
-            owners: Owners::default(),
+            owners: Default::default(),
         };
         let change = |op| Change {
             op,
@@ -210,7 +210,7 @@ mod tests {
         assert!(event.entry.is_none());
         let plain = Describe {
             include_entry: false,
-            owners: Owners::default(),
+            owners: Default::default(),
         };
         assert!(plain.event(&change(Op::Create)).entry.is_none());
     }

@@ -220,7 +220,6 @@ impl Sink for BufferSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::owners::Owners;
     use crate::fs::watch::Op;
     use std::path::Path;
 
@@ -235,7 +234,7 @@ mod tests {
             buffer: Arc::clone(&buffer),
             describe: Describe {
                 include_entry: false,
-                owners: Owners::default(),
+                owners: Default::default(),
             },
         };
         (sink, buffer)
