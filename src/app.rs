@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::fs::paths;
 use crate::fs::users::{self, User};
+use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
 use crate::stats::{Metrics, Sampler};
@@ -181,7 +182,7 @@ impl App {
 
     /// The user named by `username` (the default user when absent or empty) and the workdir in
     /// force, both from one reading of the defaults, so a concurrent `/init` cannot mix them.
-    pub fn resolver(&self, username: Option<&str>) -> Result<Resolver, ApiError> {
+    pub fn resolver(&self, username: Option<&str>) -> Result<Resolver, FsError> {
         let defaults = self.defaults();
         let name = match username {
             Some(name) if !name.is_empty() => name,
@@ -201,7 +202,7 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    pub fn resolve(&self, raw: &str) -> Result<PathBuf, ApiError> {
+    pub fn resolve(&self, raw: &str) -> Result<PathBuf, FsError> {
         paths::resolve(raw, &self.user, self.workdir.as_deref())
     }
 }
