@@ -2,8 +2,8 @@
 //!
 //! Handlers return `Result<_, ApiError>`; the router turns the error into the JSON body of SPEC §2,
 //! `{"code":<status>,"message":"<sentence>"}`. This module owns that type and its JSON and
-//! nothing else: the errors of `fs` become `ApiError`s in `api::status`, the one place that
-//! chooses their statuses.
+//! nothing else: the errors of `fs` and `auth` become `ApiError`s in `api::status`, the one
+//! place that chooses their statuses.
 
 use std::fmt;
 
@@ -26,10 +26,6 @@ impl ApiError {
 
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, message)
-    }
-
-    pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(401, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {

@@ -1,18 +1,25 @@
 //! The one mapping from domain errors to HTTP statuses (SPEC §2).
 //!
-//! `fs` says what went wrong in its own terms ([`FsError`]) and knows nothing of HTTP; this
-//! module alone decides the status each error answers with, and turns it into
+//! `fs` and `auth` say what went wrong in their own terms ([`FsError`], [`AuthError`]) and know
+//! nothing of HTTP; this module alone decides the status each answers with, and turns it into
 //! an [`ApiError`] whose message is the error's `Display`, unchanged. Each `match` names every
 //! variant, without a catch-all, so a new variant does not build until it has its status here.
 //! The Connect filesystem service (`api::filesystem`) still derives its codes from these
 //! statuses; a `match` of its own over the same variants belongs next to these.
 
+use crate::auth::AuthError;
 use crate::error::ApiError;
 use crate::fs::FsError;
 
 impl From<FsError> for ApiError {
     fn from(err: FsError) -> ApiError {
         ApiError::new(fs_status(&err), err.to_string())
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(err: AuthError) -> ApiError {
+        ApiError::new(auth_status(&err), err.to_string())
     }
 }
 
@@ -34,6 +41,19 @@ fn fs_status(err: &FsError) -> u16 {
         FsError::SourceNotFound(_) => 404,
         FsError::DiskFull => 507,
         FsError::Io { .. } => 500,
+    }
+}
+
+fn auth_status(err: &AuthError) -> u16 {
+    match err {
+        AuthError::MissingToken
+        | AuthError::WrongToken
+        | AuthError::HeaderMismatch
+        | AuthError::MissingSignature
+        | AuthError::BadSignature
+        | AuthError::Expired => 401,
+        // A malformed query parameter (SPEC §2), not a refusal.
+        AuthError::MalformedExpiration(_) => 400,
     }
 }
 
@@ -143,6 +163,38 @@ mod tests {
                 answer(os(errno)),
                 (status, format!("error writing 'a': {shown}"))
             );
+        }
+    }
+
+    #[test]
+    fn each_auth_error_has_its_status_and_message() {
+        let unauthorized =
+            "unauthorized access, please provide a valid access token or method signing if \
+             supported";
+        let cases = [
+            (AuthError::MissingToken, 401, unauthorized),
+            (AuthError::WrongToken, 401, unauthorized),
+            (
+                AuthError::HeaderMismatch,
+                401,
+                "access token present in header but does not match",
+            ),
+            (
+                AuthError::MissingSignature,
+                401,
+                "missing signature query parameter",
+            ),
+            (AuthError::BadSignature, 401, "invalid signature"),
+            (AuthError::Expired, 401, "signature is already expired"),
+            (
+                AuthError::MalformedExpiration("17e8".into()),
+                400,
+                "invalid signature_expiration query parameter '17e8': expected Unix seconds",
+            ),
+        ];
+        for (err, status, message) in cases {
+            let shown = format!("{err:?}");
+            assert_eq!(answer(err), (status, message.to_string()), "{shown}");
         }
     }
 }

@@ -50,7 +50,7 @@ const STREAMING: &str = "WatchDir";
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
     let refuse = |error: Error| Action::Respond(error.into_response());
     if let Err(error) = app.require_token(head) {
-        return refuse(Error::new(Code::Unauthenticated, error.message));
+        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
     }
     let implemented = match METHODS.iter().find(|(name, _)| *name == method) {
         Some((_, implemented)) => *implemented,
