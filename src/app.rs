@@ -1,4 +1,6 @@
 //! `App`: the daemon's state shared by every handler, and the checks every handler makes.
+//! The checks answer with `auth`'s and `fs`'s own errors; a handler's `?` turns them into
+//! `ApiError`s (`api::status`).
 //!
 //! It owns what `/init` can change at run time (the token, the default user and workdir, the
 //! variables it set, the timestamp of the newest `/init` applied) behind locks held only to copy
@@ -9,11 +11,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use crate::auth::{self, Operation, SignedQuery};
+use crate::auth::{self, AuthError, Operation, SignedQuery};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::fs::paths;
 use crate::fs::users::{self, User};
+use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
 use crate::stats::{Metrics, Sampler};
@@ -150,7 +153,7 @@ impl App {
     }
 
     /// The `X-Access-Token` check of every route but `/health` and `/files`.
-    pub fn require_token(&self, head: &Head) -> Result<(), ApiError> {
+    pub fn require_token(&self, head: &Head) -> Result<(), AuthError> {
         auth::check_token(read(&self.token).as_deref(), head.header("x-access-token"))
     }
 
@@ -162,7 +165,7 @@ impl App {
         query: &Query,
         operation: Operation,
         now_unix: i64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), AuthError> {
         let signed = SignedQuery {
             path: query.get("path").unwrap_or(""),
             username: query.get("username").unwrap_or(""),
@@ -181,7 +184,7 @@ impl App {
 
     /// The user named by `username` (the default user when absent or empty) and the workdir in
     /// force, both from one reading of the defaults, so a concurrent `/init` cannot mix them.
-    pub fn resolver(&self, username: Option<&str>) -> Result<Resolver, ApiError> {
+    pub fn resolver(&self, username: Option<&str>) -> Result<Resolver, FsError> {
         let defaults = self.defaults();
         let name = match username {
             Some(name) if !name.is_empty() => name,
@@ -201,7 +204,7 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    pub fn resolve(&self, raw: &str) -> Result<PathBuf, ApiError> {
+    pub fn resolve(&self, raw: &str) -> Result<PathBuf, FsError> {
         paths::resolve(raw, &self.user, self.workdir.as_deref())
     }
 }

@@ -6,23 +6,65 @@
 //! that `sandboxd sign` prints. It owns the base64 encoders these signatures need. It does not
 //! parse HTTP: callers hand it the header bytes and the already-decoded query values. All
 //! comparisons of secrets are constant-time.
+//!
+//! A refusal is an [`AuthError`] saying why, in this module's terms; its `Display` is the
+//! client's message (envd's wording). Which status answers it is `api::status`'s decision.
+
+use std::fmt;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
-
-/// 401 message when a token is configured and the header is missing or wrong.
+/// Message when a token is configured and the header is missing or wrong.
 pub const UNAUTHORIZED: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
-/// 401 message when a file request carries a non-empty header that is not the token.
+/// Message when a file request carries a non-empty header that is not the token.
 pub const HEADER_MISMATCH: &str = "access token present in header but does not match";
-/// 401 message when a file request has neither a header nor a signature.
+/// Message when a file request has neither a header nor a signature.
 pub const MISSING_SIGNATURE: &str = "missing signature query parameter";
-/// 401 message for a signature that does not match.
+/// Message for a signature that does not match.
 pub const INVALID_SIGNATURE: &str = "invalid signature";
-/// 401 message for a matching signature past its expiration.
+/// Message for a matching signature past its expiration.
 pub const EXPIRED_SIGNATURE: &str = "signature is already expired";
+
+/// Why a request may not proceed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthError {
+    /// No `X-Access-Token`, or an empty one, where only the token admits.
+    MissingToken,
+    /// An `X-Access-Token` that is not the token, where only the token admits.
+    WrongToken,
+    /// A file request's non-empty `X-Access-Token` that is not the token (the signature is then
+    /// not looked at).
+    HeaderMismatch,
+    /// A file request with neither a header nor a `signature`.
+    MissingSignature,
+    /// A signature that is not the one expected: altered, for another operation, of an unknown
+    /// version, or a `v2_` one without its expiration.
+    BadSignature,
+    /// A matching signature past its expiration.
+    Expired,
+    /// A `signature_expiration` that is not Unix seconds, as sent.
+    MalformedExpiration(String),
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthError::MissingToken | AuthError::WrongToken => f.write_str(UNAUTHORIZED),
+            AuthError::HeaderMismatch => f.write_str(HEADER_MISMATCH),
+            AuthError::MissingSignature => f.write_str(MISSING_SIGNATURE),
+            AuthError::BadSignature => f.write_str(INVALID_SIGNATURE),
+            AuthError::Expired => f.write_str(EXPIRED_SIGNATURE),
+            AuthError::MalformedExpiration(raw) => write!(
+                f,
+                "invalid signature_expiration query parameter '{raw}': expected Unix seconds"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AuthError {}
 
 /// The operation word of a signature: `read` for GET/HEAD, `write` for POST.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,13 +177,14 @@ pub struct SignedQuery<'a> {
 /// Routes other than /health and /files: header must equal the configured token.
 ///
 /// Without a configured token every request passes.
-pub fn check_token(configured: Option<&str>, header: Option<&[u8]>) -> Result<(), ApiError> {
+pub fn check_token(configured: Option<&str>, header: Option<&[u8]>) -> Result<(), AuthError> {
     let Some(token) = configured else {
         return Ok(());
     };
     match header {
-        Some(value) if !value.is_empty() && constant_time_eq(value, token.as_bytes()) => Ok(()),
-        _ => Err(ApiError::unauthorized(UNAUTHORIZED)),
+        None | Some(b"") => Err(AuthError::MissingToken),
+        Some(value) if constant_time_eq(value, token.as_bytes()) => Ok(()),
+        Some(_) => Err(AuthError::WrongToken),
     }
 }
 
@@ -155,7 +198,7 @@ pub fn check_file_access(
     query: &SignedQuery,
     op: Operation,
     now_unix: i64,
-) -> Result<(), ApiError> {
+) -> Result<(), AuthError> {
     let Some(token) = configured else {
         return Ok(());
     };
@@ -163,12 +206,12 @@ pub fn check_file_access(
         return if constant_time_eq(value, token.as_bytes()) {
             Ok(())
         } else {
-            Err(ApiError::unauthorized(HEADER_MISMATCH))
+            Err(AuthError::HeaderMismatch)
         };
     }
     let signature = match query.signature {
         Some(signature) if !signature.is_empty() => signature,
-        _ => return Err(ApiError::unauthorized(MISSING_SIGNATURE)),
+        _ => return Err(AuthError::MissingSignature),
     };
     let expiration = query.expiration.map(parse_expiration).transpose()?;
     let expected = if signature.starts_with("v1_") {
@@ -176,27 +219,24 @@ pub fn check_file_access(
     } else if signature.starts_with("v2_") {
         match expiration {
             Some(expiration) => sign_v2(query.path, op, query.username, token, expiration),
-            None => return Err(ApiError::unauthorized(INVALID_SIGNATURE)),
+            None => return Err(AuthError::BadSignature),
         }
     } else {
-        return Err(ApiError::unauthorized(INVALID_SIGNATURE));
+        return Err(AuthError::BadSignature);
     };
     if !constant_time_eq(signature.as_bytes(), expected.as_bytes()) {
-        return Err(ApiError::unauthorized(INVALID_SIGNATURE));
+        return Err(AuthError::BadSignature);
     }
     match expiration {
-        Some(expiration) if expiration < now_unix => Err(ApiError::unauthorized(EXPIRED_SIGNATURE)),
+        Some(expiration) if expiration < now_unix => Err(AuthError::Expired),
         _ => Ok(()),
     }
 }
 
-/// `signature_expiration` as Unix seconds, or the 400 of SPEC §2.
-fn parse_expiration(raw: &str) -> Result<i64, ApiError> {
-    raw.parse::<i64>().map_err(|_| {
-        ApiError::bad_request(format!(
-            "invalid signature_expiration query parameter '{raw}': expected Unix seconds"
-        ))
-    })
+/// `signature_expiration` as Unix seconds.
+fn parse_expiration(raw: &str) -> Result<i64, AuthError> {
+    raw.parse::<i64>()
+        .map_err(|_| AuthError::MalformedExpiration(raw.to_string()))
 }
 
 /// The percent-encoded query string of a signed URL, for `sandboxd sign`:
@@ -251,12 +291,8 @@ mod tests {
         }
     }
 
-    fn file_access(q: &SignedQuery, op: Operation, now: i64) -> Result<(), ApiError> {
+    fn file_access(q: &SignedQuery, op: Operation, now: i64) -> Result<(), AuthError> {
         check_file_access(Some(TOKEN), None, q, op, now)
-    }
-
-    fn unauthorized(message: &str) -> Result<(), ApiError> {
-        Err(ApiError::unauthorized(message))
     }
 
     #[test]
@@ -365,25 +401,18 @@ mod tests {
     #[test]
     fn check_token_requires_the_exact_header() {
         assert_eq!(check_token(Some(TOKEN), Some(b"secret-token")), Ok(()));
-        assert_eq!(check_token(Some(TOKEN), None), unauthorized(UNAUTHORIZED));
+        assert_eq!(check_token(Some(TOKEN), None), Err(AuthError::MissingToken));
         assert_eq!(
             check_token(Some(TOKEN), Some(b"")),
-            unauthorized(UNAUTHORIZED)
+            Err(AuthError::MissingToken)
         );
         assert_eq!(
             check_token(Some(TOKEN), Some(b"secret-tokeN")),
-            unauthorized(UNAUTHORIZED)
+            Err(AuthError::WrongToken)
         );
         assert_eq!(
             check_token(Some(TOKEN), Some(b"secret")),
-            unauthorized(UNAUTHORIZED)
-        );
-        assert_eq!(
-            check_token(Some(TOKEN), None),
-            Err(ApiError::new(
-                401,
-                "unauthorized access, please provide a valid access token or method signing if supported"
-            ))
+            Err(AuthError::WrongToken)
         );
     }
 
@@ -400,13 +429,7 @@ mod tests {
         let q = query("/tmp/a.txt", "", Some(&signature), None);
         assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
         let result = check_file_access(Some(TOKEN), Some(b"wrong"), &q, Operation::Read, EXP);
-        assert_eq!(
-            result,
-            Err(ApiError::new(
-                401,
-                "access token present in header but does not match"
-            ))
-        );
+        assert_eq!(result, Err(AuthError::HeaderMismatch));
     }
 
     #[test]
@@ -417,12 +440,12 @@ mod tests {
         assert_eq!(result, Ok(()));
         let q = query("/tmp/a.txt", "", None, None);
         let result = check_file_access(Some(TOKEN), Some(b""), &q, Operation::Read, EXP);
-        assert_eq!(result, unauthorized(MISSING_SIGNATURE));
+        assert_eq!(result, Err(AuthError::MissingSignature));
     }
 
     #[test]
     fn missing_or_empty_signature() {
-        let expected = Err(ApiError::new(401, "missing signature query parameter"));
+        let expected = Err(AuthError::MissingSignature);
         assert_eq!(
             file_access(&query("/a", "", None, None), Operation::Read, 0),
             expected
@@ -434,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_expiration_is_a_400_naming_the_value() {
+    fn malformed_expiration_is_refused_naming_the_value() {
         for raw in [
             "abc",
             "",
@@ -446,12 +469,7 @@ mod tests {
             let q = query("/tmp/a.txt", "", Some("v1_x"), Some(raw));
             assert_eq!(
                 file_access(&q, Operation::Read, 0),
-                Err(ApiError::new(
-                    400,
-                    format!(
-                        "invalid signature_expiration query parameter '{raw}': expected Unix seconds"
-                    )
-                )),
+                Err(AuthError::MalformedExpiration(raw.to_string())),
                 "{raw:?}"
             );
         }
@@ -490,7 +508,7 @@ mod tests {
         let q = query("/tmp/a.txt", "user", Some(signature), None);
         assert_eq!(
             file_access(&q, Operation::Read, EXP),
-            unauthorized(INVALID_SIGNATURE)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -502,7 +520,7 @@ mod tests {
             let q = query("/tmp/a.txt", "", Some(signature), None);
             assert_eq!(
                 file_access(&q, Operation::Read, 0),
-                Err(ApiError::new(401, "invalid signature")),
+                Err(AuthError::BadSignature),
                 "{signature}"
             );
         }
@@ -519,7 +537,7 @@ mod tests {
             assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
             assert_eq!(
                 file_access(&q, Operation::Read, EXP + 1),
-                Err(ApiError::new(401, "signature is already expired"))
+                Err(AuthError::Expired)
             );
         }
     }
@@ -529,7 +547,7 @@ mod tests {
         let q = query("/tmp/a.txt", "user", Some("v1_forged"), Some("1"));
         assert_eq!(
             file_access(&q, Operation::Read, EXP),
-            unauthorized(INVALID_SIGNATURE)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -543,7 +561,7 @@ mod tests {
             assert_eq!(file_access(&q, Operation::Read, EXP), Ok(()));
             assert_eq!(
                 file_access(&q, Operation::Write, EXP),
-                unauthorized(INVALID_SIGNATURE)
+                Err(AuthError::BadSignature)
             );
         }
     }
@@ -563,7 +581,7 @@ mod tests {
             for q in altered {
                 assert_eq!(
                     file_access(&q, Operation::Read, 0),
-                    unauthorized(INVALID_SIGNATURE),
+                    Err(AuthError::BadSignature),
                     "{q:?}"
                 );
             }
@@ -577,14 +595,14 @@ mod tests {
         let q = query("/tmp/a.txt", "user", Some(&with), None);
         assert_eq!(
             file_access(&q, Operation::Read, 0),
-            unauthorized(INVALID_SIGNATURE)
+            Err(AuthError::BadSignature)
         );
         // Signed without one, sent with one.
         let without = sign_v1("/tmp/a.txt", Operation::Read, "user", TOKEN, None);
         let q = query("/tmp/a.txt", "user", Some(&without), Some("1700000000"));
         assert_eq!(
             file_access(&q, Operation::Read, 0),
-            unauthorized(INVALID_SIGNATURE)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -594,7 +612,7 @@ mod tests {
         let q = query("/tmp/a.txt", "", Some(&signature), Some("1700000000"));
         assert_eq!(
             file_access(&q, Operation::Read, 0),
-            unauthorized(INVALID_SIGNATURE)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -637,7 +655,7 @@ mod tests {
             assert_eq!(file_access(&q, Operation::Write, EXP), Ok(()));
             assert_eq!(
                 file_access(&q, Operation::Read, EXP),
-                unauthorized(INVALID_SIGNATURE)
+                Err(AuthError::BadSignature)
             );
         }
     }

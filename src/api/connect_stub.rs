@@ -37,12 +37,8 @@ pub fn procedure(path: &str) -> Option<&str> {
 /// The answer to a request whose path [`procedure`] accepts.
 pub fn answer(app: &App, head: &Head) -> Response {
     let procedure = head.path().trim_start_matches('/');
-    if app.require_token(head).is_err() {
-        return error(
-            401,
-            "unauthenticated",
-            crate::auth::UNAUTHORIZED.to_string(),
-        );
+    if let Err(refused) = app.require_token(head) {
+        return error(401, "unauthenticated", refused.to_string());
     }
     if head.method() != "POST" {
         let message = format!(

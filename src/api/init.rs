@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use super::{collect_json, parse_json};
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, AuthError};
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
@@ -168,12 +168,13 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
 }
 
 /// With a current token: the header, the body's `accessToken` equal to it, or a new
-/// `accessToken` the host authorised by its hash. 401 otherwise.
-fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Result<(), ApiError> {
+/// `accessToken` the host authorised by its hash. Otherwise the header's refusal.
+fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Result<(), AuthError> {
     let Some(current) = app.token() else {
         return Ok(());
     };
-    if auth::check_token(Some(&current), head.header("x-access-token")).is_ok() {
+    let header = auth::check_token(Some(&current), head.header("x-access-token"));
+    if header.is_ok() {
         return Ok(());
     }
     let authorised = new_token.is_some_and(|token| {
@@ -183,7 +184,7 @@ fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Result<(), ApiE
     if authorised {
         Ok(())
     } else {
-        Err(ApiError::unauthorized(auth::UNAUTHORIZED))
+        header
     }
 }
 

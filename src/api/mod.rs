@@ -1,4 +1,5 @@
-//! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out.
+//! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out. The
+//! errors of `fs` and `auth` become `ApiError`s through `?`, by the one mapping in `status`.
 
 pub mod compose;
 pub mod connect_stub;
@@ -9,6 +10,7 @@ pub mod filesystem;
 pub mod health;
 pub mod init;
 pub mod metrics;
+mod status;
 pub mod upload;
 
 use std::sync::Arc;

@@ -34,9 +34,9 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::ApiError;
 use crate::fs::atomic::Staged;
 use crate::fs::copy::Appender;
+use crate::fs::error::FsError;
 use crate::fs::user_metadata::UserMetadata;
 
 /// A compose that passed validation, holding its sources open.
@@ -86,14 +86,14 @@ impl Version {
 pub fn validate<'a>(
     destination: PathBuf,
     raw_sources: impl IntoIterator<Item = &'a str>,
-    resolve: impl Fn(&str) -> Result<PathBuf, ApiError>,
-) -> Result<Plan, ApiError> {
+    resolve: impl Fn(&str) -> Result<PathBuf, FsError>,
+) -> Result<Plan, FsError> {
     let dest_meta = match fs::metadata(&destination) {
         Ok(meta) => Some(meta),
         Err(err) if is_missing(&err) => None,
         Err(err) => {
             let what = format!("checking destination '{}'", destination.display());
-            return Err(ApiError::from_io(&err, &what));
+            return Err(FsError::io(err, what));
         }
     };
     let dest_id = dest_meta.as_ref().map(id);
@@ -108,22 +108,22 @@ pub fn validate<'a>(
         }
         let meta = match fs::metadata(&path) {
             Ok(meta) => meta,
-            Err(err) if is_missing(&err) => return Err(not_found(&path)),
+            Err(err) if is_missing(&err) => return Err(FsError::SourceNotFound(path)),
             Err(err) => {
                 let what = format!("checking source '{}'", path.display());
-                return Err(ApiError::from_io(&err, &what));
+                return Err(FsError::io(err, what));
             }
         };
         if Some(id(&meta)) == dest_id {
-            return Err(same_as_destination(&path));
+            return Err(FsError::SourceIsDestination(path));
         }
         if !meta.is_file() {
-            return Err(not_regular(&path));
+            return Err(FsError::SourceNotRegular(path));
         }
         let (file, meta) = open_source(&path)?;
         // Swapped for the destination between the stat and the open.
         if Some(id(&meta)) == dest_id {
-            return Err(same_as_destination(&path));
+            return Err(FsError::SourceIsDestination(path));
         }
         index.insert(path.clone(), opened.len());
         order.push(opened.len());
@@ -134,10 +134,7 @@ pub fn validate<'a>(
         });
     }
     if dest_meta.is_some_and(|meta| meta.is_dir()) {
-        return Err(ApiError::bad_request(format!(
-            "destination is a directory: {}",
-            destination.display()
-        )));
+        return Err(FsError::DestinationIsADirectory(destination));
     }
     Ok(Plan {
         destination,
@@ -155,10 +152,10 @@ impl Plan {
     /// deletes the sources that are unchanged. On any error before the destination is in
     /// place, nothing remains of the new file and the sources and the previous destination are
     /// as they were.
-    pub fn run(&self, uid: u32, gid: u32) -> Result<(), ApiError> {
+    pub fn run(&self, uid: u32, gid: u32) -> Result<(), FsError> {
         let destination = &self.destination;
         let staged = Staged::create(destination, uid, gid, &UserMetadata::default())?;
-        let meta = staged.file().metadata().map_err(|e| staged.error(&e))?;
+        let meta = staged.file().metadata().map_err(|e| staged.error(e))?;
         let mut appender = Appender::new(&meta);
         let mut offset = 0u64;
         for &at in &self.order {
@@ -177,7 +174,7 @@ impl Plan {
                         source.path.display(),
                         destination.display()
                     );
-                    ApiError::from_io(&err, &what)
+                    FsError::io(err, what)
                 })?;
         }
         staged.commit()?;
@@ -267,21 +264,21 @@ fn judge(read: &Version, now: &Version) -> Check {
 
 /// Opens a validated source for reading and checks it still is a regular file. `O_NONBLOCK` so
 /// that one swapped for a FIFO after the `stat` cannot block the open.
-fn open_source(source: &Path) -> Result<(File, Metadata), ApiError> {
+fn open_source(source: &Path) -> Result<(File, Metadata), FsError> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(source)
         .map_err(|err| {
             if is_missing(&err) {
-                not_found(source)
+                FsError::SourceNotFound(source.to_path_buf())
             } else {
-                reading(&err, source)
+                reading(err, source)
             }
         })?;
-    let meta = file.metadata().map_err(|err| reading(&err, source))?;
+    let meta = file.metadata().map_err(|err| reading(err, source))?;
     if !meta.is_file() {
-        return Err(not_regular(source));
+        return Err(FsError::SourceNotRegular(source.to_path_buf()));
     }
     Ok((file, meta))
 }
@@ -297,26 +294,8 @@ fn is_missing(err: &io::Error) -> bool {
         || matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP))
 }
 
-fn reading(err: &io::Error, source: &Path) -> ApiError {
-    ApiError::from_io(err, &format!("reading source '{}'", source.display()))
-}
-
-fn same_as_destination(source: &Path) -> ApiError {
-    ApiError::bad_request(format!(
-        "source path \"{}\" cannot be the same as destination",
-        source.display()
-    ))
-}
-
-fn not_found(source: &Path) -> ApiError {
-    ApiError::not_found(format!("source file not found: {}", source.display()))
-}
-
-fn not_regular(source: &Path) -> ApiError {
-    ApiError::bad_request(format!(
-        "source path is not a regular file: {}",
-        source.display()
-    ))
+fn reading(err: io::Error, source: &Path) -> FsError {
+    FsError::io(err, format!("reading source '{}'", source.display()))
 }
 
 #[cfg(test)]

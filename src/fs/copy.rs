@@ -9,7 +9,7 @@ use std::fs::{File, Metadata};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
-use crate::error::is_disk_full;
+use crate::fs::error::is_disk_full;
 use crate::sys::copy;
 
 /// Largest request to one `copy_file_range` call; the kernel caps a call at about 2 GiB anyway.

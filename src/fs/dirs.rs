@@ -2,7 +2,7 @@
 //!
 //! This module owns creating the missing parent directories of a file about to be written: mode
 //! exactly 0755 whatever the umask, owned by the user, existing directories left alone, a
-//! non-directory in the way refused with 400. It also owns the `{"path","name","type"}` JSON
+//! non-directory in the way refused. It also owns the `{"path","name","type"}` JSON
 //! record of a written file.
 
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
@@ -10,17 +10,18 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use crate::error::ApiError;
+use crate::fs::error::FsError;
 
 /// The mode of every directory sandboxd creates.
 pub const DIR_MODE: u32 = 0o755;
 
 /// Creates the missing parent directories of `path` (mode exactly 0755 regardless of umask, chowned to uid:gid);
-/// existing directories are left alone. A non-directory in the way → 400 `path is a file: <that component>`.
-/// Races with other creators (EEXIST) are fine. Other OS errors → ApiError::from_io.
+/// existing directories are left alone. A non-directory in the way → [`FsError::NotADirectory`]
+/// naming that component. Races with other creators (EEXIST) are fine. Other OS errors →
+/// [`FsError::io`].
 ///
 /// Symlinks to directories count as directories. `path` itself is not created.
-pub fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
+pub fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), FsError> {
     let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
         return Ok(());
     };
@@ -36,26 +37,26 @@ pub fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
     for dir in missing {
         match fs::metadata(dir) {
             Ok(meta) if meta.is_dir() => continue,
-            Ok(_) => return Err(path_is_a_file(dir)),
+            Ok(_) => return Err(FsError::NotADirectory(dir.to_path_buf())),
             Err(err) if err.kind() == io::ErrorKind::NotFound => create_dir(dir, uid, gid)?,
-            Err(err) => return Err(io_error(&err, "checking directory", dir)),
+            Err(err) => return Err(io_error(err, "checking directory", dir)),
         }
     }
     Ok(())
 }
 
 /// Creates one directory; if another creator won the race, accepts its directory as it is.
-fn create_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
+fn create_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), FsError> {
     match DirBuilder::new().mode(DIR_MODE).create(dir) {
         Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
             return match fs::metadata(dir) {
                 Ok(meta) if meta.is_dir() => Ok(()),
-                Ok(_) => Err(path_is_a_file(dir)),
-                Err(err) => Err(io_error(&err, "creating directory", dir)),
+                Ok(_) => Err(FsError::NotADirectory(dir.to_path_buf())),
+                Err(err) => Err(io_error(err, "creating directory", dir)),
             };
         }
-        Err(err) => return Err(io_error(&err, "creating directory", dir)),
+        Err(err) => return Err(io_error(err, "creating directory", dir)),
     }
     // Mode and owner are set through a descriptor opened without following symlinks, so a
     // directory swapped for a symlink meanwhile cannot redirect the chmod or chown.
@@ -63,21 +64,17 @@ fn create_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), ApiError> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir)
-        .map_err(|err| io_error(&err, "opening directory", dir))?;
+        .map_err(|err| io_error(err, "opening directory", dir))?;
     handle
         .set_permissions(Permissions::from_mode(DIR_MODE))
-        .map_err(|err| io_error(&err, "setting the mode of directory", dir))?;
+        .map_err(|err| io_error(err, "setting the mode of directory", dir))?;
     std::os::unix::fs::fchown(&handle, Some(uid), Some(gid))
-        .map_err(|err| io_error(&err, "setting the owner of directory", dir))?;
+        .map_err(|err| io_error(err, "setting the owner of directory", dir))?;
     Ok(())
 }
 
-fn path_is_a_file(dir: &Path) -> ApiError {
-    ApiError::bad_request(format!("path is a file: {}", dir.display()))
-}
-
-fn io_error(err: &io::Error, doing: &str, dir: &Path) -> ApiError {
-    ApiError::from_io(err, &format!("{doing} '{}'", dir.display()))
+fn io_error(err: io::Error, doing: &str, dir: &Path) -> FsError {
+    FsError::io(err, format!("{doing} '{}'", dir.display()))
 }
 
 /// The `{"path","name","type"}` record of SPEC §2.1 / §5 for a written file (`type` "file", `name` = base name).
@@ -148,35 +145,30 @@ mod tests {
     }
 
     #[test]
-    fn a_file_in_the_way_is_a_400_naming_it() {
+    fn a_file_in_the_way_is_refused_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
         let (uid, gid) = owner(tmp.path());
         fs::create_dir(tmp.path().join("a")).unwrap();
         fs::write(tmp.path().join("a/b"), b"not a directory").unwrap();
+        let in_the_way = tmp.path().join("a/b");
         let result = create_parents(&tmp.path().join("a/b/c/d.txt"), uid, gid);
-        assert_eq!(
-            result,
-            Err(ApiError::new(
-                400,
-                format!("path is a file: {}/a/b", tmp.path().display())
-            ))
+        assert!(
+            matches!(&result, Err(FsError::NotADirectory(dir)) if *dir == in_the_way),
+            "{result:?}"
         );
         assert!(!tmp.path().join("a/b/c").exists());
         // The direct parent being a file is the same error.
         let result = create_parents(&tmp.path().join("a/b/d.txt"), uid, gid);
-        assert_eq!(
-            result,
-            Err(ApiError::new(
-                400,
-                format!("path is a file: {}/a/b", tmp.path().display())
-            ))
+        assert!(
+            matches!(&result, Err(FsError::NotADirectory(dir)) if *dir == in_the_way),
+            "{result:?}"
         );
     }
 
     #[test]
     fn no_parent_is_nothing_to_do() {
-        assert_eq!(create_parents(Path::new("/"), 0, 0), Ok(()));
-        assert_eq!(create_parents(Path::new("file.txt"), 0, 0), Ok(()));
+        assert!(create_parents(Path::new("/"), 0, 0).is_ok());
+        assert!(create_parents(Path::new("file.txt"), 0, 0).is_ok());
     }
 
     fn running_as_root() -> bool {

@@ -8,7 +8,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use crate::error::ApiError;
+use crate::fs::error::FsError;
 use crate::fs::users::User;
 
 /// The longest path, in bytes, a client may send (SPEC §10).
@@ -18,18 +18,12 @@ pub const MAX_PATH_BYTES: usize = 4096;
 ///
 /// The result is always absolute and normalised: a relative home or default workdir is taken
 /// from `/`.
-pub fn resolve(
-    raw: &str,
-    user: &User,
-    default_workdir: Option<&Path>,
-) -> Result<PathBuf, ApiError> {
+pub fn resolve(raw: &str, user: &User, default_workdir: Option<&Path>) -> Result<PathBuf, FsError> {
     if raw.as_bytes().contains(&0) {
-        return Err(ApiError::bad_request("path contains a NUL byte"));
+        return Err(FsError::PathHasNul);
     }
     if raw.len() > MAX_PATH_BYTES {
-        return Err(ApiError::bad_request(format!(
-            "path is longer than {MAX_PATH_BYTES} bytes"
-        )));
+        return Err(FsError::PathTooLong);
     }
     let home = user.home.as_path();
     let joined = if raw.is_empty() {
@@ -39,9 +33,7 @@ pub fn resolve(
     } else if let Some(rest) = raw.strip_prefix("~/") {
         join(home, rest)
     } else if raw.starts_with('~') {
-        return Err(ApiError::bad_request(format!(
-            "cannot resolve path '{raw}': '~user' paths are not supported"
-        )));
+        return Err(FsError::OtherUsersHome(raw.to_string()));
     } else if raw.starts_with('/') {
         join(Path::new("/"), raw)
     } else {
@@ -142,12 +134,8 @@ mod tests {
     #[test]
     fn other_users_homes_are_refused() {
         for raw in ["~other", "~other/x", "~root/.ssh/id_rsa", "~."] {
-            assert_eq!(
-                resolve(raw, &user(), None),
-                Err(ApiError::new(
-                    400,
-                    format!("cannot resolve path '{raw}': '~user' paths are not supported")
-                )),
+            assert!(
+                matches!(resolve(raw, &user(), None), Err(FsError::OtherUsersHome(r)) if r == raw),
                 "{raw:?}"
             );
         }
@@ -210,9 +198,8 @@ mod tests {
     #[test]
     fn nul_byte_is_refused() {
         for raw in ["a\0b", "\0", "/tmp/x\0"] {
-            assert_eq!(
-                resolve(raw, &user(), None),
-                Err(ApiError::new(400, "path contains a NUL byte")),
+            assert!(
+                matches!(resolve(raw, &user(), None), Err(FsError::PathHasNul)),
                 "{raw:?}"
             );
         }
@@ -223,15 +210,15 @@ mod tests {
         let longest = format!("/{}", "a".repeat(4095));
         assert_eq!(ok(&longest), PathBuf::from(&longest));
         let too_long = format!("/{}", "a".repeat(4096));
-        assert_eq!(
+        assert!(matches!(
             resolve(&too_long, &user(), None),
-            Err(ApiError::new(400, "path is longer than 4096 bytes"))
-        );
+            Err(FsError::PathTooLong)
+        ));
         // Bytes, not characters: 2049 two-byte characters are 4098 bytes.
         let multibyte = "é".repeat(2049);
-        assert_eq!(
+        assert!(matches!(
             resolve(&multibyte, &user(), None),
-            Err(ApiError::new(400, "path is longer than 4096 bytes"))
-        );
+            Err(FsError::PathTooLong)
+        ));
     }
 }

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
-use crate::error::ApiError;
+use crate::fs::error::FsError;
 use crate::sys;
 
 /// The namespace of the attributes: `user.` is the one unprivileged processes may write, `e2b.`
@@ -87,9 +87,9 @@ impl UserMetadata {
 
     /// Gives `file` exactly this set of `user.e2b.*` attributes. A filesystem without extended
     /// attributes is fine for an empty set. Errors name `destination`: no extended attributes
-    /// there (or a set too large for that filesystem) is 400, a full disk 507.
-    pub fn apply(&self, file: &File, destination: &Path) -> Result<(), ApiError> {
-        let fail = |err: io::Error| self.error(&err, destination);
+    /// there, a set too large for that filesystem, or any other OS error (a full disk).
+    pub fn apply(&self, file: &File, destination: &Path) -> Result<(), FsError> {
+        let fail = |err: io::Error| error(err, destination);
         let names = match sys::xattr::list(file) {
             Ok(names) => names,
             Err(err) if self.is_empty() && sys::xattr::unsupported(&err) => return Ok(()),
@@ -113,24 +113,19 @@ impl UserMetadata {
         }
         Ok(())
     }
+}
 
-    fn error(&self, err: &io::Error, destination: &Path) -> ApiError {
-        if sys::xattr::unsupported(err) {
-            ApiError::bad_request(format!(
-                "invalid metadata: the filesystem of '{}' does not support extended attributes",
-                destination.display()
-            ))
-        } else if matches!(err.raw_os_error(), Some(libc::E2BIG | libc::ERANGE)) {
-            ApiError::bad_request(format!(
-                "invalid metadata: too large for the filesystem of '{}'",
-                destination.display()
-            ))
-        } else {
-            ApiError::from_io(
-                err,
-                &format!("storing metadata on '{}'", destination.display()),
-            )
-        }
+/// The error for an OS error met while giving `destination` its attributes.
+fn error(err: io::Error, destination: &Path) -> FsError {
+    if sys::xattr::unsupported(&err) {
+        FsError::NoExtendedAttributes(destination.to_path_buf())
+    } else if matches!(err.raw_os_error(), Some(libc::E2BIG | libc::ERANGE)) {
+        FsError::MetadataTooLarge(destination.to_path_buf())
+    } else {
+        FsError::io(
+            err,
+            format!("storing metadata on '{}'", destination.display()),
+        )
     }
 }
 

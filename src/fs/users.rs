@@ -1,11 +1,11 @@
 //! Users (SPEC §4): looking a name up in the passwd file for its uid, primary gid and home.
 //!
-//! This module owns the passwd format and the 401 for an unknown user. It reads the file on every
+//! This module owns the passwd format and the error for an unknown user. It reads the file on every
 //! lookup, because sandboxes add users at runtime, and never calls into libc's NSS.
 
 use std::path::{Path, PathBuf};
 
-use crate::error::ApiError;
+use crate::fs::error::FsError;
 
 /// A passwd entry: what sandboxd needs to resolve paths and own files for a user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,19 +48,17 @@ pub fn parse_passwd(text: &str, name: &str) -> Option<User> {
 }
 
 /// Reads the passwd file each call (users are added at runtime inside sandboxes).
-/// Unknown user → 401 `error looking up user '<name>': unknown user`; unreadable file → 500 naming the file and OS error.
-pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, ApiError> {
+/// Unknown user → [`FsError::UnknownUser`]; unreadable file → an OS error naming the file.
+pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, FsError> {
     let bytes = std::fs::read(passwd_file).map_err(|err| {
-        ApiError::from_io(
-            &err,
-            &format!("reading passwd file '{}'", passwd_file.display()),
+        FsError::io(
+            err,
+            format!("reading passwd file '{}'", passwd_file.display()),
         )
     })?;
     // Non-UTF-8 bytes (say, a Latin-1 GECOS field) must not hide the other entries.
     let text = String::from_utf8_lossy(&bytes);
-    parse_passwd(&text, name).ok_or_else(|| {
-        ApiError::unauthorized(format!("error looking up user '{name}': unknown user"))
-    })
+    parse_passwd(&text, name).ok_or_else(|| FsError::UnknownUser(name.to_string()))
 }
 
 #[cfg(test)]
@@ -156,14 +154,11 @@ crlf:x:1005:1006::/home/crlf:/bin/sh\r
         )
         .unwrap();
         let after = lookup(path, "late");
-        assert_eq!(
-            before,
-            Err(ApiError::new(
-                401,
-                "error looking up user 'late': unknown user"
-            ))
+        assert!(
+            matches!(&before, Err(FsError::UnknownUser(name)) if name == "late"),
+            "{before:?}"
         );
-        assert_eq!(after, Ok(user("late", 7, 8, "/home/late")));
+        assert_eq!(after.ok(), Some(user("late", 7, 8, "/home/late")));
     }
 
     #[test]
@@ -172,24 +167,19 @@ crlf:x:1005:1006::/home/crlf:/bin/sh\r
             b"j\xf6rg:x:5:5:J\xf6rg:/home/jorg:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
         );
         let result = lookup(file.path(), "user");
-        assert_eq!(result, Ok(user("user", 1000, 1000, "/home/user")));
+        assert_eq!(result.ok(), Some(user("user", 1000, 1000, "/home/user")));
     }
 
     #[test]
-    fn unreadable_file_is_500_naming_file_and_error() {
+    fn unreadable_file_is_an_os_error_naming_file_and_error() {
         let path = Path::new("/nonexistent-sandboxd-dir/passwd");
         let err = lookup(path, "root").unwrap_err();
-        assert_eq!(err.status, 500);
+        assert!(matches!(err, FsError::Io { .. }), "{err:?}");
+        let message = err.to_string();
         assert!(
-            err.message
-                .starts_with("error reading passwd file '/nonexistent-sandboxd-dir/passwd': "),
-            "{}",
-            err.message
+            message.starts_with("error reading passwd file '/nonexistent-sandboxd-dir/passwd': "),
+            "{message}"
         );
-        assert!(
-            err.message.contains("No such file or directory"),
-            "{}",
-            err.message
-        );
+        assert!(message.contains("No such file or directory"), "{message}");
     }
 }

@@ -28,6 +28,7 @@ use std::path::Path;
 use crate::app::{self, App};
 use crate::auth::Operation;
 use crate::error::ApiError;
+use crate::fs::FsError;
 use crate::http::date;
 use crate::http::{Head, Response, ResponseBody};
 
@@ -58,16 +59,16 @@ pub fn get(app: &App, head: &Head) -> Result<Response, ApiError> {
 /// descriptor, whose metadata is then the one every header describes. `O_NONBLOCK` does not
 /// affect reads of a regular file, and Linux ignores it on the source of `sendfile`.
 fn open_regular(path: &Path) -> Result<(File, Metadata), ApiError> {
-    let before = std::fs::metadata(path).map_err(|e| open_error(&e, path))?;
+    let before = std::fs::metadata(path).map_err(|e| open_error(e, path))?;
     check_regular(before.file_type(), path)?;
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(|e| open_error(&e, path))?;
-    let metadata = file.metadata().map_err(|e| {
-        ApiError::from_io(&e, &format!("reading the metadata of '{}'", path.display()))
-    })?;
+        .map_err(|e| open_error(e, path))?;
+    let metadata = file
+        .metadata()
+        .map_err(|e| FsError::io(e, format!("reading the metadata of '{}'", path.display())))?;
     check_regular(metadata.file_type(), path)?;
     Ok((file, metadata))
 }
@@ -90,7 +91,7 @@ fn check_regular(kind: FileType, path: &Path) -> Result<(), ApiError> {
 }
 
 /// The answer to an OS error met while looking up or opening `path`.
-fn open_error(err: &io::Error, path: &Path) -> ApiError {
+fn open_error(err: io::Error, path: &Path) -> ApiError {
     let shown = path.display();
     match err.raw_os_error() {
         Some(libc::ENOENT | libc::ENOTDIR) => {
@@ -103,7 +104,7 @@ fn open_error(err: &io::Error, path: &Path) -> ApiError {
             "path '{shown}' has too many levels of symbolic links"
         )),
         Some(libc::ENAMETOOLONG) => ApiError::bad_request(format!("path '{shown}' is too long")),
-        _ => ApiError::from_io(err, &format!("opening '{shown}'")),
+        _ => FsError::io(err, format!("opening '{shown}'")).into(),
     }
 }
 
@@ -219,7 +220,7 @@ mod tests {
 
     fn error_for(errno: i32) -> ApiError {
         open_error(
-            &io::Error::from_raw_os_error(errno),
+            io::Error::from_raw_os_error(errno),
             Path::new("/home/user/a b.txt"),
         )
     }

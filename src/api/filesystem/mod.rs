@@ -50,7 +50,7 @@ const STREAMING: &str = "WatchDir";
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
     let refuse = |error: Error| Action::Respond(error.into_response());
     if let Err(error) = app.require_token(head) {
-        return refuse(Error::new(Code::Unauthenticated, error.message));
+        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
     }
     let implemented = match METHODS.iter().find(|(name, _)| *name == method) {
         Some((_, implemented)) => *implemented,
@@ -183,7 +183,7 @@ impl Caller {
     pub fn resolve(&self, raw: &str) -> Result<std::path::PathBuf, Error> {
         self.resolver
             .resolve(raw)
-            .map_err(|e| Error::invalid_argument(e.message))
+            .map_err(|e| Error::invalid_argument(e.to_string()))
     }
 
     pub fn entry(&self, path: &Path, shown: &Path) -> Result<EntryInfo, Error> {
@@ -232,7 +232,8 @@ fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
 }
 
 /// An error of the shared file layer, by the status it would have on the HTTP routes.
-fn api_error(error: ApiError) -> Error {
+fn api_error(error: impl Into<ApiError>) -> Error {
+    let error = error.into();
     let code = match error.status {
         400 => Code::InvalidArgument,
         401 => Code::Unauthenticated,

@@ -224,14 +224,14 @@ impl BodySink for RawUpload {
     fn data(&mut self, bytes: &[u8]) -> Result<(), Response> {
         let mut file = self.staged.file();
         file.write_all(bytes)
-            .map_err(|e| self.staged.error(&e).into())
+            .map_err(|e| ApiError::from(self.staged.error(e)).into())
     }
 
     fn end(self: Box<Self>) -> Response {
         let destination = self.staged.destination().to_path_buf();
         match self.staged.commit() {
             Ok(()) => written(&[destination], &self.metadata),
-            Err(error) => error.into(),
+            Err(error) => ApiError::from(error).into(),
         }
     }
 }
@@ -287,7 +287,7 @@ impl MultipartUpload {
                     if let Some(staged) = &self.current {
                         let data = &self.buffer[start + range.start..start + range.end];
                         let mut file = staged.file();
-                        file.write_all(data).map_err(|e| staged.error(&e))?;
+                        file.write_all(data).map_err(|e| staged.error(e))?;
                     }
                 }
                 Event::PartEnd => {
@@ -330,7 +330,8 @@ impl MultipartUpload {
         }
         check_target(&destination)?;
         let user = &self.resolver.user;
-        Staged::create(&destination, user.uid, user.gid, &self.metadata)
+        let staged = Staged::create(&destination, user.uid, user.gid, &self.metadata)?;
+        Ok(staged)
     }
 
     /// The body ended: every part placed, or none.
