@@ -599,14 +599,28 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
         assert_eq!(reply.status, 200, "{}", reply.text());
     };
     // A new file, then the same name replaced (a temporary renamed over it underneath), then a
-    // marker made by hand so that everything before it has been delivered.
+    // new file by multipart (placed from a temporary name), then a marker made by hand so that
+    // everything before it has been delivered.
     upload(b"one");
     upload(b"two");
+    let body = b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"up/m.txt\"\r\n\r\nm\r\n--b--\r\n";
+    let reply = daemon.call_with(
+        "POST",
+        "/files?username=user",
+        &[
+            ("X-Access-Token", TOKEN),
+            ("Content-Type", "multipart/form-data; boundary=b"),
+        ],
+        body,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
     std::fs::write(dir.join("marker"), b"").unwrap();
     let seen = watch.events_until(&[
         ("EVENT_TYPE_CREATE", "a.txt"),
         ("EVENT_TYPE_WRITE", "a.txt"),
         ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_CREATE", "m.txt"),
+        ("EVENT_TYPE_WRITE", "m.txt"),
         ("EVENT_TYPE_CREATE", "marker"),
     ]);
     let names: Vec<(&str, &str)> = seen
@@ -616,7 +630,7 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
     assert!(
         names
             .iter()
-            .all(|(_, name)| *name == "a.txt" || *name == "marker"),
+            .all(|(_, name)| ["a.txt", "m.txt", "marker"].contains(name)),
         "a temporary appeared: {names:?}"
     );
     assert!(

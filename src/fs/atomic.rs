@@ -171,8 +171,7 @@ impl Staged {
             },
         };
         drop(file);
-        fs::rename(&temp.path, &destination).map_err(fail)?;
-        temp.keep();
+        put_in_place(temp, &destination).map_err(fail)?;
         announce_write(&destination);
         sync_dir(&dir)
     }
@@ -223,6 +222,24 @@ impl Finished {
     }
 }
 
+/// Gives the file at the temporary name `temp` the name `destination`: a name that is new by a
+/// hard link (then the temporary goes), which a directory watcher sees as the creation of that
+/// name; an existing one by `rename` over it, which replaces it in one step (and which a
+/// watcher of sandboxd's own directories does not report as a rename of a temporary: see
+/// `fs::watch`). Either way readers see the old file or the whole new one.
+fn put_in_place(temp: TempPath, destination: &Path) -> io::Result<()> {
+    match fs::hard_link(&temp.path, destination) {
+        // Dropping `temp` removes the temporary name; the file keeps the new one.
+        Ok(()) => Ok(()),
+        // Taken, or no hard links here (some FUSE filesystems): the rename replaces or creates.
+        Err(_) => {
+            fs::rename(&temp.path, destination)?;
+            temp.keep();
+            Ok(())
+        }
+    }
+}
+
 /// Tells directory watchers (inotify) that the file now at `destination` was written: its
 /// content arrived through an unnamed file or a temporary name, which a watcher does not see as
 /// a write of this name. Touching only the modification time (it was just written) gives the
@@ -247,16 +264,15 @@ pub fn place_all(finished: Vec<Finished>) -> Result<(), FsError> {
     let mut seen = HashSet::new();
     let mut result = Ok(());
     for file in finished {
-        if let Err(err) = fs::rename(&file.temp.path, &file.destination) {
-            result = Err(writing(err, &file.destination));
-            break;
-        }
         let Finished {
             temp,
             dir,
             destination,
         } = file;
-        temp.keep();
+        if let Err(err) = put_in_place(temp, &destination) {
+            result = Err(writing(err, &destination));
+            break;
+        }
         announce_write(&destination);
         if seen.insert(dir.clone()) {
             dirs.push(dir);
