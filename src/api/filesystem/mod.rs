@@ -19,11 +19,12 @@ use std::sync::Arc;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
+use crate::api::status;
 use crate::app::{App, Resolver};
 use crate::connect::{self, Call, Code, Error, Shape};
-use crate::error::ApiError;
 use crate::fs::owners::Owners;
 use crate::fs::users::User;
+use crate::fs::FsError;
 use crate::http::{Action, Head, Response};
 use messages::{Empty, EntryInfo, ListDirRequest, MoveRequest, PathRequest};
 
@@ -231,19 +232,9 @@ fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
     Error::new(code, format!("{what}: {}: {error}", path.display()))
 }
 
-/// An error of the shared file layer, by the status it would have on the HTTP routes.
-fn api_error(error: impl Into<ApiError>) -> Error {
-    let error = error.into();
-    let code = match error.status {
-        400 => Code::InvalidArgument,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::AlreadyExists,
-        507 => Code::ResourceExhausted,
-        _ => Code::Internal,
-    };
-    Error::new(code, error.message)
+/// An error of the shared file layer, with its Connect code (`api::status` decides both).
+fn api_error(error: FsError) -> Error {
+    Error::new(status::fs_code(&error), error.to_string())
 }
 
 #[cfg(test)]
