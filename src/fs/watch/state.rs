@@ -414,18 +414,21 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
     let mut stack = vec![(tree.abs.to_path_buf(), tree.rel.to_path_buf(), true, true)];
     while let Some((abs, rel, is_dir, top)) = stack.pop() {
         let step = access.with(|state| -> Result<Step, WatchError> {
+            // Watched before it is announced: a client that reacts to the create by writing
+            // into the new directory must find the watch there already.
+            let step = if is_dir {
+                match state.add_dir(tree.watch, &abs, &rel, top && tree.strict)? {
+                    true => Step::List,
+                    false if state.watches.contains_key(&tree.watch) => Step::Skip,
+                    false => return Ok(Step::Stop),
+                }
+            } else {
+                Step::Skip
+            };
             if tree.announce && !top && !state.deliver(tree.watch, Op::Create, &rel, &abs) {
                 return Ok(Step::Stop);
             }
-            if !is_dir {
-                return Ok(Step::Skip);
-            }
-            let strict = top && tree.strict;
-            Ok(match state.add_dir(tree.watch, &abs, &rel, strict)? {
-                true => Step::List,
-                false if state.watches.contains_key(&tree.watch) => Step::Skip,
-                false => Step::Stop,
-            })
+            Ok(step)
         })?;
         match step {
             Step::Stop => return Ok(()),
