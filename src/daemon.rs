@@ -93,7 +93,7 @@ pub fn run(config: Config) -> ExitCode {
     notify::send("READY=1");
     loop {
         match process::wait_signal(&SIGNALS) {
-            Ok(libc::SIGCHLD) => process::reap_children(),
+            Ok(libc::SIGCHLD) => while process::wait_any().is_some() {},
             Ok(signal) => {
                 log::line(format_args!("signal {signal}: draining"));
                 break;
