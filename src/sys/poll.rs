@@ -78,20 +78,36 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
     Ok(polled.iter().map(|p| p.revents != 0).collect())
 }
 
-#[allow(dead_code)] // the process service's (issue 15), in the commits to come
-/// Waits until `fd` can be written to (or has an error or hang-up, which a write then
-/// reports), at most `timeout`; false when the time ran out.
-pub fn wait_writable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let mut polled = [libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    }];
-    poll(&mut polled, Some(timeout))?;
-    Ok(polled[0].revents != 0)
+/// What a descriptor is waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interest {
+    Read,
+    Write,
 }
 
-#[allow(dead_code)] // the process service's (issue 15), in the commits to come
+/// Waits until one of `fds` is ready for what it is waited for (or has an error or hang-up,
+/// which the next read or write then reports), at most `timeout` (`None`: no limit). Returns,
+/// for each descriptor in order, whether it is ready; all `false` on timeout or when a signal
+/// interrupted the wait.
+pub fn poll_ready(
+    fds: &[(BorrowedFd<'_>, Interest)],
+    timeout: Option<Duration>,
+) -> io::Result<Vec<bool>> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|(fd, interest)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: match interest {
+                Interest::Read => libc::POLLIN,
+                Interest::Write => libc::POLLOUT,
+            },
+            revents: 0,
+        })
+        .collect();
+    poll(&mut polled, timeout)?;
+    Ok(polled.iter().map(|p| p.revents != 0).collect())
+}
+
 /// Sets `O_NONBLOCK` on the open file description of `fd`: reads and writes that would wait
 /// fail with `WouldBlock` instead. (Other descriptors for the same pipe end, such as a
 /// child's, have their own description and are unaffected.)
@@ -173,11 +189,12 @@ mod tests {
             }
         }
         assert!(written >= 4096);
-        assert!(!wait_writable(writer.as_fd(), Duration::from_millis(10)).unwrap());
+        let writable = |timeout| poll_ready(&[(writer.as_fd(), Interest::Write)], Some(timeout));
+        assert_eq!(writable(Duration::from_millis(10)).unwrap(), vec![false]);
         let mut reader = File::from(std::os::fd::OwnedFd::from(reader));
         let mut buf = vec![0u8; written];
         reader.read_exact(&mut buf).unwrap();
-        assert!(wait_writable(writer.as_fd(), Duration::ZERO).unwrap());
+        assert_eq!(writable(Duration::ZERO).unwrap(), vec![true]);
     }
 
     #[test]

@@ -100,7 +100,6 @@ pub fn wait_any() -> Option<(u32, WaitStatus)> {
     }
 }
 
-#[allow(dead_code)] // the process service's (issue 15), in the commits to come
 /// Reaps child `pid` if it has exited, without blocking; `Ok(None)` while it runs. `ECHILD`:
 /// it is not (or no longer) a child of this process.
 pub fn wait_pid(pid: u32) -> io::Result<Option<WaitStatus>> {
@@ -115,7 +114,6 @@ pub fn wait_pid(pid: u32) -> io::Result<Option<WaitStatus>> {
     })
 }
 
-#[allow(dead_code)] // the process service's (issue 15), in the commits to come
 /// Sends `signal` to the process group `pgid` (every process in it).
 pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
     let pgid =
@@ -128,8 +126,8 @@ pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
     check(unsafe { libc::kill(-pgid, signal) }).map(drop)
 }
 
-#[allow(dead_code)] // the process service's (issue 15), in the commits to come
-/// Sends `signal` to process `pid`.
+/// Sends `signal` to process `pid` (the daemon signals groups; tests signal one process).
+#[cfg(test)]
 pub fn kill(pid: u32, signal: libc::c_int) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     if pid <= 0 {

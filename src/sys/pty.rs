@@ -6,9 +6,6 @@
 //! (`sys::spawn`). Not `openpty(3)`: it opens without `O_CLOEXEC`, leaving a moment in which
 //! another fork could take the descriptors along.
 
-// The process service's (issue 15), in the commits to come.
-#![allow(dead_code)]
-
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -61,7 +58,8 @@ pub fn set_window_size(fd: BorrowedFd<'_>, size: WindowSize) -> io::Result<()> {
     check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &winsize) }).map(drop)
 }
 
-/// The window size of the terminal `fd`.
+/// The window size of the terminal `fd` (the tests' check of `set_window_size`).
+#[cfg(test)]
 pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<WindowSize> {
     let mut winsize = libc::winsize {
         ws_row: 0,

@@ -23,9 +23,6 @@
 //!    forked child is at best pointless).
 //! 5. `chdir` to the working directory, as the user: a directory they may not enter fails.
 
-// The process service's (issue 15), in the commits to come.
-#![allow(dead_code)]
-
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
