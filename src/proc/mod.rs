@@ -28,9 +28,6 @@
 //! subscriber, queue input, signal) and signal the eventfd. The thread never waits for a
 //! client: subscribers must return at once.
 
-// The service that starts processes is the next commit's (issue 15).
-#![allow(dead_code)]
-
 pub mod exit;
 mod io;
 pub mod reaper;
@@ -139,11 +136,11 @@ impl fmt::Display for ProcError {
 }
 
 /// What a `Connect` found.
-pub enum Attached {
+pub enum Attached<S> {
     /// A live process, now with the new subscriber.
-    Live(u32),
-    /// A process that ended lately: its pid and end.
-    Ended(u32, Exit),
+    Live,
+    /// A process that ended lately: its pid, its end, and the subscriber given back.
+    Ended(u32, Exit, S),
 }
 
 /// A live process, as `List` shows it.
@@ -260,26 +257,27 @@ impl Hub {
         Ok(pid)
     }
 
-    /// Attaches a subscriber to a live process (made by `subscribe` from its pid, before any
-    /// more of its output is read), or finds the end of one that ended lately.
-    pub fn attach(
+    /// Attaches `subscriber` to a live process (`started` is called with its pid first, before
+    /// any more of its output is read), or finds the end of one that ended lately.
+    pub fn attach<S: Subscriber + 'static>(
         &self,
         selector: &Selector,
-        subscribe: impl FnOnce(u32) -> Box<dyn Subscriber>,
-    ) -> Result<Attached, ProcError> {
+        mut subscriber: S,
+        started: impl FnOnce(&mut S, u32),
+    ) -> Result<Attached<S>, ProcError> {
         let mut state = self.lock();
         if state.shutdown.is_some() {
             return Err(ProcError::ShuttingDown);
         }
         if let Some(process) = state.table.find(selector) {
-            let pid = process.pid;
-            process.subscribers.push(subscribe(pid));
+            started(&mut subscriber, process.pid);
+            process.subscribers.push(Box::new(subscriber));
             drop(state);
             self.wake();
-            return Ok(Attached::Live(pid));
+            return Ok(Attached::Live);
         }
         match state.table.retained(selector, Instant::now()) {
-            Some(ended) => Ok(Attached::Ended(ended.pid, ended.exit)),
+            Some(ended) => Ok(Attached::Ended(ended.pid, ended.exit, subscriber)),
             None => Err(ProcError::NotFound(selector.clone())),
         }
     }

@@ -136,7 +136,12 @@ fn output_is_told_per_stream_then_the_exit() {
     drop(seen);
     // Remembered for a late attach.
     let late = Watcher::new();
-    let Ok(Attached::Ended(ended, exit)) = hub.attach(&Selector::Pid(pid), |_| late.subscriber())
+    let collector = Collector {
+        seen: Arc::clone(&late.seen),
+        open: Arc::clone(&late.open),
+        waiting: Arc::clone(&late.waiting),
+    };
+    let Ok(Attached::Ended(ended, exit, _)) = hub.attach(&Selector::Pid(pid), collector, |_, _| {})
     else {
         panic!("the end is remembered");
     };
