@@ -519,7 +519,10 @@ fn bad_requests_and_unknown_processes_are_envds_errors() {
             Stream::end_error(&only),
             Some((
                 "invalid_argument".into(),
-                format!("error starting process '{cmd}': {reason}")
+                format!(
+                    "error starting process '{cmd}' in '{}' as root: {reason}",
+                    daemon.dir.path().join("root").display()
+                )
             ))
         );
     }

@@ -9,7 +9,8 @@
 //! `/bin/sh -c '... exec "$@"'`; sandboxd execs it directly (no shell per command, and no
 //! dependence on one), so a program that cannot be executed is not a shell's exit 127 but the
 //! error envd gives when its own start fails: `invalid_argument` `error starting process
-//! '<cmd args>': <reason>`, at the end of a stream with no event.
+//! '<cmd args>' in '<cwd>' as <user>: <reason>` (the directory and user added: the reason may be
+//! theirs, a directory the user may not enter), at the end of a stream with no event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,8 +95,10 @@ fn start_process(
         })
         .map_err(|error| match error {
             ProcError::Spawn(error) => Error::invalid_argument(format!(
-                "error starting process '{}': {error}",
-                command_line(&config)
+                "error starting process '{}' in '{}' as {}: {error}",
+                command_line(&config),
+                spec.cwd.display(),
+                user.name
             )),
             other => proc_error(other, "error starting process"),
         })?;
