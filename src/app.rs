@@ -79,6 +79,17 @@ impl App {
         env
     }
 
+    /// The variables the last `/init` set (a started process gets them, SPEC §9b).
+    pub fn init_env(&self) -> BTreeMap<String, String> {
+        read(&self.init_env).clone()
+    }
+
+    /// The daemon's own `PATH`, which started processes inherit (envd's choice: of the daemon's
+    /// environment, only `PATH` reaches them).
+    pub fn base_path(&self) -> Option<&str> {
+        self.base_env.get("PATH").map(String::as_str)
+    }
+
     /// True when an `/init` carrying `timestamp` (Unix nanoseconds) is older than the newest one
     /// applied, and so must change nothing. Without a timestamp it never is.
     pub fn init_is_stale(&self, timestamp: Option<i128>) -> bool {

@@ -1,8 +1,10 @@
 //! The daemon's life: bind, serve, and stop cleanly on SIGTERM or SIGINT.
 //!
 //! Signals are blocked in every thread and received here with `sigwait`, which also works as
-//! PID 1 (blocked signals are queued even for init). As PID 1 sandboxd also reaps the orphans
-//! the sandbox leaves it.
+//! PID 1 (blocked signals are queued even for init). This thread is the one reaper of children
+//! (`proc::reaper`): on `SIGCHLD` it reaps every exited child, handing the exits of the
+//! processes the service started to their table; as PID 1 those include the orphans the
+//! sandbox leaves it. On SIGTERM the process groups the service started get SIGTERM too.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -12,6 +14,7 @@ use std::sync::Arc;
 use crate::app::App;
 use crate::config::{Config, ACCESS_TOKEN};
 use crate::http;
+use crate::proc;
 use crate::routes::Router;
 use crate::sys::{self, process};
 use crate::{log, notify, token};
@@ -93,7 +96,7 @@ pub fn run(config: Config) -> ExitCode {
     notify::send("READY=1");
     loop {
         match process::wait_signal(&SIGNALS) {
-            Ok(libc::SIGCHLD) => process::reap_children(),
+            Ok(libc::SIGCHLD) => proc::reaper::reap_all(),
             Ok(signal) => {
                 log::line(format_args!("signal {signal}: draining"));
                 break;
@@ -107,6 +110,9 @@ pub fn run(config: Config) -> ExitCode {
     notify::send("STOPPING=1");
     app.begin_shutdown();
     server.stop_accepting();
+    if let Some(processes) = proc::Hub::running() {
+        processes.shutdown();
+    }
     if server.wait_idle(drain_timeout) {
         log::line(format_args!("drained; exiting"));
     } else {

@@ -1,7 +1,8 @@
 //! sandboxd: the HTTP daemon inside every sandbox.
 //!
 //! The tree reads like a request's path: `http` accepts and frames, `routes` matches,
-//! `auth` checks, `api` handles, `fs` and `stats` do the work, `sys` talks to the kernel.
+//! `auth` checks, `api` handles, `fs`, `proc` and `stats` do the work, `sys` talks to the
+//! kernel.
 //!
 //! Every module is private, so the compiler reports what nothing uses. The few items outside
 //! callers need are re-exported below, grouped by who needs them.
@@ -21,6 +22,7 @@ pub mod fuzzing;
 use sandboxd_http as http;
 mod log;
 mod notify;
+mod proc;
 mod routes;
 mod stats;
 mod sys;

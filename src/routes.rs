@@ -82,9 +82,13 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         ("/files/compose", "POST") => api::compose::begin(app, head),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
         ("/files", "POST") => api::upload::begin(app, head),
-        (path, "POST") if filesystem_method(path).is_some() => {
-            let method = filesystem_method(path).unwrap_or_default();
+        (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {
+            let method = service_method(path, api::filesystem::SERVICE).unwrap_or_default();
             Ok(api::filesystem::begin(app, head, method))
+        }
+        (path, "POST") if service_method(path, api::process::SERVICE).is_some() => {
+            let method = service_method(path, api::process::SERVICE).unwrap_or_default();
+            Ok(api::process::begin(app, head, method))
         }
         (path, _) if api::connect_stub::procedure(path).is_some() => {
             respond(api::connect_stub::answer(app, head))
@@ -104,9 +108,9 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     }
 }
 
-/// The method a `POST` to `/filesystem.Filesystem/<Method>` calls.
-fn filesystem_method(path: &str) -> Option<&str> {
+/// The method a `POST` to `/<service>/<Method>` calls.
+fn service_method<'a>(path: &'a str, service: &str) -> Option<&'a str> {
     api::connect_stub::procedure(path)?
-        .strip_prefix(api::filesystem::SERVICE)?
+        .strip_prefix(service)?
         .strip_prefix('/')
 }

@@ -272,12 +272,19 @@ fn help_shows_the_640_second_idle_default_and_the_hash_file_flag() {
 }
 
 #[test]
-fn connect_methods_not_built_yet_are_501_unimplemented_never_a_plain_404() {
+fn connect_paths_answer_connect_errors_never_a_plain_404() {
     let daemon = start();
-    for (path, content_type) in [
-        ("/process.Process/Start", "application/connect+json"),
-        ("/process.Process/List", "application/json"),
-        ("/process.Process/NoSuchMethod", "application/json"),
+    for (path, content_type, message) in [
+        (
+            "/process.Process/NoSuchMethod",
+            "application/json",
+            "process.Process/NoSuchMethod is not a method of process.Process",
+        ),
+        (
+            "/filesystem.Filesystem/NoSuchMethod",
+            "application/connect+json",
+            "filesystem.Filesystem/NoSuchMethod is not a method of filesystem.Filesystem",
+        ),
     ] {
         let headers = [("X-Access-Token", TOKEN), ("Content-Type", content_type)];
         let reply = daemon.call_with("POST", path, &headers, br#"{"path":"/tmp"}"#);
@@ -285,19 +292,19 @@ fn connect_methods_not_built_yet_are_501_unimplemented_never_a_plain_404() {
         assert_eq!(reply.header("content-type"), Some("application/json"));
         let json = reply.json();
         assert_eq!(json["code"], "unimplemented", "{path}");
-        assert_eq!(
-            json["message"],
-            format!("{} is not implemented by sandboxd", &path[1..])
-        );
+        assert_eq!(json["message"], message);
         // Authentication first, answered as Connect's error too.
         let reply = daemon.call_with("POST", path, &headers[1..], b"{}");
         assert_eq!(reply.status, 401);
         assert_eq!(reply.json()["code"], "unauthenticated");
         assert_eq!(reply.json()["message"], UNAUTHORIZED);
     }
-    let reply = daemon.get("/filesystem.Filesystem/Stat");
-    assert_eq!(reply.status, 405);
-    assert_eq!(reply.header("allow"), Some("POST"));
+    for path in ["/filesystem.Filesystem/Stat", "/process.Process/List"] {
+        let reply = daemon.get(path);
+        assert_eq!(reply.status, 405);
+        assert_eq!(reply.header("allow"), Some("POST"));
+        assert_eq!(reply.json()["code"], "unimplemented");
+    }
     // Other services and malformed procedures stay unknown routes.
     for path in [
         "/other.Service/Stat",

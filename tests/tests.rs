@@ -31,6 +31,8 @@ mod metrics;
 mod peers;
 // The process: flags, exit codes, signals and drain, readiness, logs, subcommands.
 mod process;
+// envd's process.Process Connect service: Start, Connect, List, input, signals, users, zombies.
+mod process_service;
 // The route table, the router and docs/openapi.yaml agree.
 mod route_table;
 // Routing, errors, auth, /health, /envs, /init.

@@ -1,11 +1,11 @@
-//! The paths of envd's Connect-RPC services (SPEC §9b) until sandboxd implements them.
+//! The paths of envd's Connect-RPC services (SPEC §9b), and the answer to what the services
+//! do not take: a method other than `POST`.
 //!
-//! Owns one answer: a request to `/filesystem.Filesystem/<Method>` or
-//! `/process.Process/<Method>` is never the plain 404 of an unknown route, because the Python SDK
-//! reads a plain 404 from these paths as "file not found". Authentication applies first, as on
-//! every route. Then a `POST` (a Connect call, unary or streaming) is 501 with Connect's JSON
-//! error `{"code":"unimplemented","message":...}`, `Content-Type: application/json`; any other
-//! method is 405 with `Allow: POST`, as connect-go answers.
+//! A `POST` to `/filesystem.Filesystem/<Method>` or `/process.Process/<Method>` is the service's
+//! (`api::filesystem`, `api::process`). Any other request there is answered here, and never with
+//! the plain 404 of an unknown route, because the Python SDK reads a plain 404 from these paths
+//! as "file not found": authentication first, as on every route, then 405 with `Allow: POST`
+//! and Connect's JSON error `{"code":"unimplemented","message":...}`, as connect-go answers.
 //!
 //! Decisions where SPEC leaves room:
 //!
@@ -13,10 +13,6 @@
 //!   `{"code":"unauthenticated",...}`. With SPEC §2's numeric `code` connect-python (the Python
 //!   SDK's client, 0.12) reads the call as `unavailable`, which the SDK takes for a sandbox that
 //!   may be gone.
-//! - A streaming call (`application/connect+json`) is answered with the same 501 JSON body, not
-//!   a 200 with an end-of-stream envelope: connect-python reads a non-200 answer with a JSON
-//!   body as the call's error, for unary and streaming calls alike, and one form keeps the stub
-//!   trivial.
 //! - Any method name under the two services counts, known to envd or not; a path with nothing
 //!   or another `/` after the service is an unknown route (404).
 
@@ -47,6 +43,7 @@ pub fn answer(app: &App, head: &Head) -> Response {
         );
         return error(405, "unimplemented", message).with_header("Allow", "POST");
     }
+    // A POST is routed to its service before it could get here.
     error(
         501,
         "unimplemented",

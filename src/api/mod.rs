@@ -10,6 +10,8 @@ pub mod filesystem;
 pub mod health;
 pub mod init;
 pub mod metrics;
+pub mod process;
+pub mod rpc;
 mod status;
 pub mod upload;
 

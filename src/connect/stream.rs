@@ -32,6 +32,12 @@ impl Stream {
         self.sender.send(&envelope::encode(0, &json))
     }
 
+    /// Whether a message of `bytes` would fit in the queue now (or the client is gone). If not,
+    /// `wake` is called once the connection takes the queue or the client leaves.
+    pub fn wait_for_room(&self, bytes: usize, wake: impl FnOnce() + Send + 'static) -> bool {
+        self.sender.wait_for_room(bytes, wake)
+    }
+
     /// True once the client is gone.
     pub fn is_closed(&self) -> bool {
         self.sender.is_closed()

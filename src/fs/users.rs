@@ -1,7 +1,9 @@
-//! Users (SPEC §4): looking a name up in the passwd file for its uid, primary gid and home.
+//! Users (SPEC §4): looking a name up in the passwd file for its uid, primary gid and home, and
+//! in the group file beside it for the groups a process started as the user joins.
 //!
-//! This module owns the passwd format and the error for an unknown user. It reads the file on every
-//! lookup, because sandboxes add users at runtime, and never calls into libc's NSS.
+//! This module owns the passwd and group formats and the error for an unknown user. It reads
+//! the files on every lookup, because sandboxes add users at runtime, and never calls into
+//! libc's NSS.
 
 use std::path::{Path, PathBuf};
 
@@ -61,9 +63,51 @@ pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, FsError> {
     parse_passwd(&text, name).ok_or_else(|| FsError::UnknownUser(name.to_string()))
 }
 
+/// Pure: the group ids of `user` from group-format text (name:pw:gid:member,member): the
+/// primary gid first, then every group listing the user as a member, each once, as
+/// `initgroups(3)` gathers them. Malformed lines are skipped.
+pub fn parse_groups(text: &str, user: &User) -> Vec<u32> {
+    let mut groups = vec![user.gid];
+    for line in text.lines() {
+        let fields: Vec<&str> = line.trim_end_matches('\r').splitn(4, ':').collect();
+        let [_, _, gid, members] = fields[..] else {
+            continue;
+        };
+        let Ok(gid) = gid.parse::<u32>() else {
+            continue;
+        };
+        if members.split(',').any(|m| m.trim() == user.name) && !groups.contains(&gid) {
+            groups.push(gid);
+        }
+    }
+    groups
+}
+
+/// The groups of `user` (SPEC §9b), from the `group` file beside the passwd file
+/// (`/etc/group` for `/etc/passwd`); without one, only the primary group.
+pub fn groups(passwd_file: &Path, user: &User) -> Vec<u32> {
+    let text = std::fs::read(passwd_file.with_file_name("group"))
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default();
+    parse_groups(&text, user)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_are_the_primary_one_then_those_listing_the_user() {
+        let user = user("user", 1000, 1000, "/home/user");
+        let text = "root:x:0:\nsudo:x:27:admin,user\nuser:x:1000:\ndocker:x:999:user\r\n\
+                    other:x:5:username\nbad:x:abc:user\nshort:x:7\nagain:x:27:user\n";
+        assert_eq!(parse_groups(text, &user), vec![1000, 27, 999]);
+        assert_eq!(parse_groups("", &user), vec![1000]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("group"), "dev:x:50:user\n").unwrap();
+        assert_eq!(groups(&dir.path().join("passwd"), &user), vec![1000, 50]);
+        assert_eq!(groups(Path::new("/nonexistent/passwd"), &user), vec![1000]);
+    }
 
     const PASSWD: &str = "\
 root:x:0:0:root:/root:/bin/bash

@@ -11,6 +11,8 @@ pub mod file;
 pub mod inotify;
 pub mod poll;
 pub mod process;
+pub mod pty;
+pub mod spawn;
 pub mod statfs;
 pub mod statvfs;
 pub mod xattr;

@@ -1,9 +1,10 @@
-//! Waiting on a few descriptors: `poll(2)` for readability, and an `eventfd(2)` another thread
-//! can make readable to wake the waiter.
+//! Waiting on descriptors: `poll(2)` for readability or writability, an `eventfd(2)` another
+//! thread can make readable to wake the waiter, and `O_NONBLOCK` on a descriptor.
 //!
-//! Owns those two calls. Reading and writing the eventfd's 8-byte counter go through
+//! Owns those calls. Reading and writing the eventfd's 8-byte counter go through
 //! `std::fs::File`, so they need no `unsafe`. Used by the directory watcher thread
-//! (`fs::watch`), which waits on its inotify descriptor and on an eventfd that workers signal.
+//! (`fs::watch`), which waits on its inotify descriptor and on an eventfd that workers signal,
+//! and by the process I/O thread (`proc`), which waits on its children's pipes and terminals.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -73,6 +74,58 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
             revents: 0,
         })
         .collect();
+    poll(&mut polled, timeout)?;
+    Ok(polled.iter().map(|p| p.revents != 0).collect())
+}
+
+/// What a descriptor is waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interest {
+    Read,
+    Write,
+}
+
+/// Waits until one of `fds` is ready for what it is waited for (or has an error or hang-up,
+/// which the next read or write then reports), at most `timeout` (`None`: no limit). Returns,
+/// for each descriptor in order, whether it is ready; all `false` on timeout or when a signal
+/// interrupted the wait.
+pub fn poll_ready(
+    fds: &[(BorrowedFd<'_>, Interest)],
+    timeout: Option<Duration>,
+) -> io::Result<Vec<bool>> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|(fd, interest)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: match interest {
+                Interest::Read => libc::POLLIN,
+                Interest::Write => libc::POLLOUT,
+            },
+            revents: 0,
+        })
+        .collect();
+    poll(&mut polled, timeout)?;
+    Ok(polled.iter().map(|p| p.revents != 0).collect())
+}
+
+/// Sets `O_NONBLOCK` on the open file description of `fd`: reads and writes that would wait
+/// fail with `WouldBlock` instead. (Other descriptors for the same pipe end, such as a
+/// child's, have their own description and are unaffected.)
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and only reads the descriptor's flags.
+    let flags = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: F_SETFL takes an int of flags; the descriptor is borrowed for the call.
+        check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    }
+    Ok(())
+}
+
+/// `poll(2)` on `polled`, filling each `revents`; an interrupted wait reports nothing ready.
+fn poll(polled: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
+    for entry in polled.iter_mut() {
+        entry.revents = 0;
+    }
     let millis = match timeout {
         None => -1,
         // Rounded up, so a wait for a deadline never wakes just before it.
@@ -89,11 +142,14 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
     if ready < 0 {
         let error = io::Error::last_os_error();
         if error.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; polled.len()]);
+            for entry in polled.iter_mut() {
+                entry.revents = 0;
+            }
+            return Ok(());
         }
         return Err(error);
     }
-    Ok(polled.iter().map(|p| p.revents != 0).collect())
+    Ok(())
 }
 
 #[cfg(test)]
@@ -116,6 +172,29 @@ mod tests {
         let ready = poll_readable(&[wake.as_fd()], Some(Duration::ZERO)).unwrap();
         assert_eq!(ready, vec![false]);
         wake.drain().unwrap();
+    }
+
+    #[test]
+    fn a_full_pipe_is_not_writable_until_read() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        set_nonblocking(writer.as_fd()).unwrap();
+        let mut writer = File::from(std::os::fd::OwnedFd::from(writer));
+        let chunk = [0u8; 4096];
+        let mut written = 0;
+        loop {
+            match writer.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(written >= 4096);
+        let writable = |timeout| poll_ready(&[(writer.as_fd(), Interest::Write)], Some(timeout));
+        assert_eq!(writable(Duration::from_millis(10)).unwrap(), vec![false]);
+        let mut reader = File::from(std::os::fd::OwnedFd::from(reader));
+        let mut buf = vec![0u8; written];
+        reader.read_exact(&mut buf).unwrap();
+        assert_eq!(writable(Duration::ZERO).unwrap(), vec![true]);
     }
 
     #[test]

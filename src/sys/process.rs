@@ -1,4 +1,6 @@
-//! Process-wide settings: the open-file limit, signal masks, `sigwait`, reaping children.
+//! Process-wide settings and children: the open-file limit, signal masks, `sigwait`, waiting
+//! for children without blocking (`waitpid` with `WNOHANG`), and signals to a process or a
+//! process group.
 
 use std::io;
 
@@ -57,15 +59,141 @@ pub fn wait_signal(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
     Ok(signal)
 }
 
-/// Reaps every exited child without blocking. As PID 1, orphans of the sandbox become
-/// sandboxd's children; without this they would stay zombies.
-pub fn reap_children() {
+/// How a child ended, as `waitpid` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    /// It called `exit` with this code.
+    Exited(i32),
+    /// A signal ended it; `core`: it dumped core.
+    Signaled { signal: i32, core: bool },
+}
+
+impl WaitStatus {
+    fn decode(status: libc::c_int) -> Option<WaitStatus> {
+        if libc::WIFEXITED(status) {
+            Some(WaitStatus::Exited(libc::WEXITSTATUS(status)))
+        } else if libc::WIFSIGNALED(status) {
+            Some(WaitStatus::Signaled {
+                signal: libc::WTERMSIG(status),
+                core: libc::WCOREDUMP(status),
+            })
+        } else {
+            // Stopped or continued: not asked for (no WUNTRACED or WCONTINUED).
+            None
+        }
+    }
+}
+
+/// Reaps one exited child, any of them, without blocking: `None` when none has exited (or
+/// there are no children). As PID 1, orphans of the sandbox are children too.
+pub fn wait_any() -> Option<(u32, WaitStatus)> {
     loop {
         let mut status = 0;
         // SAFETY: `status` is a valid int the call writes into; WNOHANG never blocks.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid <= 0 {
-            return;
+            return None;
         }
+        if let (Ok(pid), Some(status)) = (u32::try_from(pid), WaitStatus::decode(status)) {
+            return Some((pid, status));
+        }
+    }
+}
+
+/// Reaps child `pid` if it has exited, without blocking; `Ok(None)` while it runs. `ECHILD`:
+/// it is not (or no longer) a child of this process.
+pub fn wait_pid(pid: u32) -> io::Result<Option<WaitStatus>> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let mut status = 0;
+    // SAFETY: `status` is a valid int the call writes into; WNOHANG never blocks.
+    let ret = check(unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) })?;
+    Ok(if ret == 0 {
+        None
+    } else {
+        WaitStatus::decode(status)
+    })
+}
+
+/// Sends `signal` to the process group `pgid` (every process in it).
+pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pgid =
+        libc::pid_t::try_from(pgid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    if pgid <= 1 {
+        // -1 would be every process, -0 the caller's own group.
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: kill takes plain integers; a negative pid names a process group.
+    check(unsafe { libc::kill(-pgid, signal) }).map(drop)
+}
+
+/// Sends `signal` to process `pid` (the daemon signals groups; tests signal one process).
+#[cfg(test)]
+pub fn kill(pid: u32, signal: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: kill takes plain integers; `pid` is positive, so it names one process.
+    check(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    fn wait_for(pid: u32) -> WaitStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = wait_pid(pid).unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "child {pid} did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    // The children are reaped by `wait_pid`, which is what is tested; clippy cannot see that.
+    #[allow(clippy::zombie_processes)]
+    #[test]
+    fn exit_codes_and_signals_are_decoded() {
+        let child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        assert_eq!(wait_for(child.id()), WaitStatus::Exited(3));
+        let child = Command::new("sleep").arg("10").spawn().unwrap();
+        assert_eq!(wait_pid(child.id()).unwrap(), None, "still running");
+        kill(child.id(), libc::SIGKILL).unwrap();
+        assert_eq!(
+            wait_for(child.id()),
+            WaitStatus::Signaled {
+                signal: libc::SIGKILL,
+                core: false
+            }
+        );
+        let error = wait_pid(child.id()).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ECHILD));
+    }
+
+    #[allow(clippy::zombie_processes)]
+    #[test]
+    fn a_group_signal_reaches_the_whole_group() {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new("sh")
+            .args(["-c", "sleep 10 & wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        kill_group(child.id(), libc::SIGTERM).unwrap();
+        assert_eq!(
+            wait_for(child.id()),
+            WaitStatus::Signaled {
+                signal: libc::SIGTERM,
+                core: false
+            }
+        );
+        assert!(kill_group(0, libc::SIGTERM).is_err());
+        assert!(kill_group(1, libc::SIGTERM).is_err());
+        assert!(kill(0, libc::SIGTERM).is_err());
     }
 }

@@ -1,5 +1,8 @@
 //! Test harness: starts the real `sandboxd` binary on 127.0.0.1:0 with a temp dir, a passwd file
-//! and a token of its own, and talks HTTP/1.1 to it over plain sockets.
+//! and a token of its own, and talks HTTP/1.1 to it over plain sockets; `connect` makes
+//! Connect calls on top.
+
+pub mod connect;
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};

@@ -7,7 +7,9 @@
 //! dropped without `finish` aborts it: the connection closes without the last chunk, so the
 //! client sees a truncated body rather than a complete-looking one. The queue is bounded: a
 //! client that does not read makes `send` fail with [`SendError::Full`], never grows memory,
-//! and the producer decides what that means for it. When the client is gone, `send` fails with
+//! and the producer decides what that means for it: give up, or hold back and wait for room
+//! ([`wait_for_room`](StreamSender::wait_for_room) calls it back when the connection takes the
+//! queued bytes or the client leaves). When the client is gone, `send` fails with
 //! [`SendError::Closed`].
 
 use std::fmt;
@@ -26,6 +28,7 @@ pub fn channel(capacity: usize) -> (StreamSender, StreamSource) {
             end: End::Open,
             source_gone: false,
             waiter: None,
+            producer_waiter: None,
         }),
     });
     (
@@ -80,6 +83,8 @@ struct State {
     source_gone: bool,
     /// The connection waiting for bytes, if it is.
     waiter: Option<Waker>,
+    /// The producer waiting for room, if it is.
+    producer_waiter: Option<Waker>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +139,18 @@ impl StreamSender {
         self.shared.lock().queued.len()
     }
 
+    /// Whether `bytes` more would fit in the queue now (or the client is gone, so a send would
+    /// fail at once). If not, `wake` is kept and called once, when the connection takes the
+    /// queued bytes or the client leaves, replacing any callback kept before.
+    pub fn wait_for_room(&self, bytes: usize, wake: impl FnOnce() + Send + 'static) -> bool {
+        let mut state = self.shared.lock();
+        if state.source_gone || state.queued.len().saturating_add(bytes) <= state.capacity {
+            return true;
+        }
+        state.producer_waiter = Some(Box::new(wake));
+        false
+    }
+
     /// Ends the body once the queued bytes are sent.
     pub fn finish(self) {
         self.finish_with(&[]);
@@ -162,7 +179,13 @@ impl StreamSource {
     pub(crate) fn poll(&self, waker: impl FnOnce() -> Waker) -> Poll {
         let mut state = self.shared.lock();
         if !state.queued.is_empty() {
-            return Poll::Data(std::mem::take(&mut state.queued));
+            let data = std::mem::take(&mut state.queued);
+            let producer = state.producer_waiter.take();
+            drop(state);
+            if let Some(wake) = producer {
+                wake();
+            }
+            return Poll::Data(data);
         }
         match state.end {
             End::Finished => Poll::Finished,
@@ -177,10 +200,16 @@ impl StreamSource {
 
 impl Drop for StreamSource {
     fn drop(&mut self) {
-        let mut state = self.shared.lock();
-        state.source_gone = true;
-        state.queued = Vec::new();
-        state.waiter = None;
+        let producer = {
+            let mut state = self.shared.lock();
+            state.source_gone = true;
+            state.queued = Vec::new();
+            state.waiter = None;
+            state.producer_waiter.take()
+        };
+        if let Some(wake) = producer {
+            wake();
+        }
     }
 }
 
@@ -240,6 +269,31 @@ mod tests {
         drop(source);
         assert!(sender.is_closed());
         assert_eq!(sender.send(b"5"), Err(SendError::Closed));
+    }
+
+    #[test]
+    fn a_producer_waiting_for_room_is_called_back_when_the_queue_is_taken() {
+        let (sender, source) = channel(8);
+        let room = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&room);
+        assert!(sender.wait_for_room(8, || unreachable!("room now")));
+        sender.send(b"123456").unwrap();
+        assert!(!sender.wait_for_room(4, move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        }));
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(d) if d == b"123456"));
+        assert_eq!(room.load(Ordering::SeqCst), 1);
+        assert!(sender.wait_for_room(8, || unreachable!("room now")));
+        // A client that leaves also calls the producer back.
+        sender.send(b"12345678").unwrap();
+        let count = Arc::clone(&room);
+        assert!(!sender.wait_for_room(1, move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        }));
+        drop(source);
+        assert_eq!(room.load(Ordering::SeqCst), 2);
+        assert!(sender.wait_for_room(1, || unreachable!("gone: a send fails at once")));
     }
 
     #[test]

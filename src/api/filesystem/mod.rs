@@ -16,15 +16,11 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
-
-use crate::api::status;
+use super::rpc::{api_error, basic_user, failed, keepalive_interval};
 use crate::app::{App, Resolver};
 use crate::connect::{self, Call, Code, Error, Shape};
 use crate::fs::owners::Owners;
 use crate::fs::users::User;
-use crate::fs::FsError;
 use crate::http::{Action, Head, Response};
 use messages::{Empty, EntryInfo, ListDirRequest, MoveRequest, PathRequest};
 
@@ -139,10 +135,10 @@ fn run(
             connect::unary(&Empty {})
         }
         "WatchDir" => {
-            let keepalive = watch::keepalive_interval(head);
+            let keepalive = keepalive_interval(head);
             call.request(body)
                 .and_then(|request| watch::watch_dir(app, caller, call, keepalive, request))
-                .unwrap_or_else(watch::failed)
+                .unwrap_or_else(failed)
         }
         "CreateWatcher" => connect::unary(&watch::create_watcher(caller, call.request(body)?)?),
         "GetWatcherEvents" => {
@@ -193,27 +189,6 @@ impl Caller {
     }
 }
 
-/// The user named by `Authorization: Basic` (`base64(user:password)`, the password ignored, as
-/// envd does); `None` without the header or with an empty name: the default user.
-fn basic_user(head: &Head) -> Result<Option<String>, Error> {
-    let Some(value) = head.header("authorization") else {
-        return Ok(None);
-    };
-    let invalid = || Error::new(Code::Unauthenticated, "invalid Authorization header");
-    let text = std::str::from_utf8(value).map_err(|_| invalid())?.trim();
-    let (scheme, credentials) = text.split_once(' ').ok_or_else(invalid)?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        // Another scheme says nothing about the user: the default one.
-        return Ok(None);
-    }
-    let decoded = STANDARD.decode(credentials.trim()).map_err(|_| invalid())?;
-    let decoded = String::from_utf8(decoded).map_err(|_| invalid())?;
-    let name = decoded
-        .split_once(':')
-        .map_or(decoded.as_str(), |(name, _)| name);
-    Ok((!name.is_empty()).then(|| name.to_string()))
-}
-
 /// An OS error met doing `what` on `path`, as a Connect error.
 fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
     let code = match error.kind() {
@@ -232,40 +207,9 @@ fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
     Error::new(code, format!("{what}: {}: {error}", path.display()))
 }
 
-/// An error of the shared file layer, with its Connect code (`api::status` decides both).
-fn api_error(error: FsError) -> Error {
-    Error::new(status::fs_code(&error), error.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn head(headers: &str) -> Head {
-        let text = format!("POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: h\r\n{headers}\r\n");
-        Head::parse(text.as_bytes()).unwrap().unwrap().0
-    }
-
-    #[test]
-    fn the_user_comes_from_basic_authorization() {
-        let user = |headers: &str| basic_user(&head(headers));
-        assert_eq!(user("").unwrap(), None);
-        // "user:" and "root:secret"
-        assert_eq!(
-            user("Authorization: Basic dXNlcjo=\r\n").unwrap(),
-            Some("user".into())
-        );
-        assert_eq!(
-            user("Authorization: basic cm9vdDpzZWNyZXQ=\r\n").unwrap(),
-            Some("root".into())
-        );
-        // ":" (an empty name) is the default user; another scheme too.
-        assert_eq!(user("Authorization: Basic Og==\r\n").unwrap(), None);
-        assert_eq!(user("Authorization: Bearer abc\r\n").unwrap(), None);
-        for bad in ["Authorization: Basic !!!\r\n", "Authorization: Basic\r\n"] {
-            assert_eq!(user(bad).unwrap_err().code, Code::Unauthenticated, "{bad}");
-        }
-    }
 
     #[test]
     fn os_errors_become_connect_codes() {

@@ -109,7 +109,7 @@ pub fn make_dir(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
         Err(e) => return Err(io_error(&e, "error getting file info", &path)),
     }
     let (uid, gid) = (caller.user.uid, caller.user.gid);
-    dirs::create_parents(&path, uid, gid).map_err(super::api_error)?;
+    dirs::create_parents(&path, uid, gid).map_err(crate::api::rpc::api_error)?;
     match DirBuilder::new().mode(DIR_MODE).create(&path) {
         // Another creator won the race: its directory is the answer.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -132,7 +132,7 @@ pub fn rename(caller: &Caller, source: &str, destination: &str) -> Result<EntryR
     let source = caller.resolve(source)?;
     let destination = caller.resolve(destination)?;
     dirs::create_parents(&destination, caller.user.uid, caller.user.gid)
-        .map_err(super::api_error)?;
+        .map_err(crate::api::rpc::api_error)?;
     std::fs::rename(&source, &destination).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             io_error(&e, "source file not found", &source)

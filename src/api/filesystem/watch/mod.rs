@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use stream::{failed, keepalive_interval, watch_dir};
+pub use stream::watch_dir;
 pub use watchers::{create_watcher, get_watcher_events, remove_watcher};
 
 use super::entry::entry_info;

@@ -5,10 +5,8 @@
 //! The stream's producer is the watch's sink, run by the watcher thread; the connection waits
 //! in the HTTP layer's event loop meanwhile, without a worker. Decisions:
 //!
-//! - The keep-alive interval is envd's: whole seconds from the `Keepalive-Ping-Interval` request
-//!   header (the SDKs send 50), 90 s without one; sandboxd also takes an unparsable or
-//!   non-positive value as absent (envd's ticker would panic on it) and caps it at a day. As in
-//!   envd, every message sent restarts the interval.
+//! - The keep-alive interval is envd's (`api::rpc::keepalive_interval`). As in envd, every
+//!   message sent restarts the interval.
 //! - The queue of a stream holds at most [`QUEUE_BYTES`] its client has not taken (beyond what
 //!   the connection and the kernel's socket buffers hold). A client that lets it fill is ended
 //!   with `resource_exhausted`, after the events already queued, and its watch dropped: the
@@ -20,7 +18,8 @@
 //! - When the daemon shuts down, streams end with `unavailable` within [`CHECK_EVERY`], so the
 //!   drain does not wait for them.
 //! - A call that fails once its head is accepted (a bad request message, a path that is not a
-//!   directory, the watch limit) is answered 200 with only the end-of-stream error ([`failed`]).
+//!   directory, the watch limit) is answered 200 with only the end-of-stream error
+//!   (`api::rpc::failed`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,13 +32,8 @@ use crate::app::App;
 use crate::connect::{Call, Code, Error, Stream};
 use crate::fs::watch::{Change, Ended, Sink};
 use crate::http::stream::SendError;
-use crate::http::{Head, Response};
+use crate::http::Response;
 
-/// The request header carrying the keep-alive interval in seconds.
-pub const KEEPALIVE_HEADER: &str = "keepalive-ping-interval";
-/// envd's interval when the header is absent.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
-const MAX_KEEPALIVE: Duration = Duration::from_secs(86_400);
 /// Bytes of messages a stream holds for a client that has not taken them.
 pub const QUEUE_BYTES: usize = 1 << 20;
 /// How often a stream looks whether its client is still there.
@@ -52,27 +46,6 @@ enum Message<'a> {
     Start {},
     Filesystem(&'a FilesystemEvent),
     Keepalive {},
-}
-
-/// The keep-alive interval a request asks for.
-pub fn keepalive_interval(head: &Head) -> Duration {
-    head.header(KEEPALIVE_HEADER)
-        .and_then(|value| std::str::from_utf8(value).ok())
-        .and_then(|text| text.trim().parse::<u64>().ok())
-        .filter(|seconds| *seconds > 0)
-        .map_or(DEFAULT_KEEPALIVE, |seconds| {
-            Duration::from_secs(seconds).min(MAX_KEEPALIVE)
-        })
-}
-
-/// The answer of a WatchDir call that failed before its stream began: a stream holding only
-/// the end-of-stream message with the error, as connect-go answers. Not a unary error: the JS
-/// SDK's client (connect-es) reads a streaming call's non-200 status alone, so a 404 would
-/// reach it as `unimplemented`.
-pub fn failed(error: Error) -> Response {
-    let (stream, response) = Stream::open(0);
-    stream.finish(Err(error));
-    response
 }
 
 /// Starts watching and answers with the stream.
@@ -209,33 +182,6 @@ impl Sink for StreamSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn head(headers: &str) -> Head {
-        let text = format!("POST /x HTTP/1.1\r\nHost: h\r\n{headers}\r\n");
-        Head::parse(text.as_bytes()).unwrap().unwrap().0
-    }
-
-    #[test]
-    fn the_keepalive_interval_comes_from_the_header_as_envd_reads_it() {
-        let interval = |headers: &str| keepalive_interval(&head(headers));
-        assert_eq!(interval(""), DEFAULT_KEEPALIVE);
-        assert_eq!(
-            interval("Keepalive-Ping-Interval: 50\r\n"),
-            Duration::from_secs(50)
-        );
-        assert_eq!(
-            interval("keepalive-ping-interval:  1 \r\n"),
-            Duration::from_secs(1)
-        );
-        for bad in ["0", "-5", "1.5", "soon", ""] {
-            let headers = format!("Keepalive-Ping-Interval: {bad}\r\n");
-            assert_eq!(interval(&headers), DEFAULT_KEEPALIVE, "{bad:?}");
-        }
-        assert_eq!(
-            interval("Keepalive-Ping-Interval: 99999999999999\r\n"),
-            MAX_KEEPALIVE
-        );
-    }
 
     #[test]
     fn messages_are_envds_oneof() {

@@ -1,0 +1,211 @@
+//! envd's `process.Process` Connect service (SPEC §9b): what the SDKs' `commands.run`,
+//! `commands.run(background=True)`, `send_stdin`, `close_stdin`, `kill`, `list`, `connect` and
+//! `pty.create` / `resize` / `send_input` call.
+//!
+//! This module owns the service: which methods exist and how each travels (server streams,
+//! unary calls; `StreamInput`, a client stream, is refused, see below), who the caller is (the
+//! token, then the user of `Authorization: Basic`, else the default user), and how the process
+//! hub's errors become Connect codes with envd's words. The messages are `messages`', `Start`
+//! and `Connect` `start`'s, their streams `stream`'s, the unary methods `ops`'. Processes
+//! themselves are `proc`'s.
+//!
+//! **`StreamInput`** (a client stream: input messages over one request body, one answer at the
+//! end) is answered `unimplemented`: over HTTP/1.1 it would be a chunked request body held open
+//! for as long as the user types, which the HTTP layer cuts at its body timeouts (30 s without
+//! a byte, less than 500 bytes/s on average), and neither SDK sends it (both use `SendInput`,
+//! one call per input, over HTTP/1.1). The answer names `SendInput`.
+
+mod messages;
+mod ops;
+mod start;
+mod stream;
+
+use std::sync::Arc;
+
+use crate::api::rpc::{basic_user, failed, keepalive_interval};
+use crate::app::App;
+use crate::connect::{self, Call, Code, Error, Shape};
+use crate::http::{Action, Head, Response};
+use crate::proc::{Hub, ProcError};
+
+/// The service's name in Connect paths.
+pub const SERVICE: &str = "process.Process";
+
+/// How a method's messages travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Unary,
+    ServerStream,
+    /// Not served (see the module documentation).
+    ClientStream,
+}
+
+/// The methods of envd's service.
+const METHODS: [(&str, Kind); 8] = [
+    ("List", Kind::Unary),
+    ("Connect", Kind::ServerStream),
+    ("Start", Kind::ServerStream),
+    ("Update", Kind::Unary),
+    ("StreamInput", Kind::ClientStream),
+    ("SendInput", Kind::Unary),
+    ("SendSignal", Kind::Unary),
+    ("CloseStdin", Kind::Unary),
+];
+
+/// Starts a call to `method` of the service; its request message is collected, then run.
+pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
+    let refuse = |error: Error| Action::Respond(error.into_response());
+    if let Err(error) = app.require_token(head) {
+        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
+    }
+    let Some((_, kind)) = METHODS.iter().find(|(name, _)| *name == method) else {
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!("{SERVICE}/{method} is not a method of {SERVICE}"),
+        ));
+    };
+    if *kind == Kind::ClientStream {
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!(
+                "{SERVICE}/{method} is not implemented by sandboxd: a client stream needs a \
+                 request body held open, which HTTP/1.1 cuts at its body timeouts; send input \
+                 with {SERVICE}/SendInput"
+            ),
+        ));
+    }
+    let call = match Call::from_head(head) {
+        Ok(call) => call,
+        Err(response) => return Action::Respond(response),
+    };
+    match (call.shape, kind) {
+        (Shape::Unary, Kind::Unary) | (Shape::ServerStream, Kind::ServerStream) => {}
+        (_, Kind::Unary) => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!("{SERVICE}/{method} is a unary method: send application/json"),
+            ))
+        }
+        (_, _) => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!(
+                    "{SERVICE}/{method} is a server-streaming method: send application/connect+json"
+                ),
+            ))
+        }
+    }
+    let username = match basic_user(head) {
+        Ok(username) => username,
+        Err(error) => return refuse(error),
+    };
+    let app = Arc::clone(app);
+    let method = method.to_string();
+    Action::Collect {
+        limit: connect::MAX_REQUEST_BYTES,
+        then: Box::new(move |head, body| {
+            run(&app, &call, head, &method, username.as_deref(), &body)
+                .unwrap_or_else(Error::into_response)
+        }),
+    }
+}
+
+fn run(
+    app: &Arc<App>,
+    call: &Call,
+    head: &Head,
+    method: &str,
+    username: Option<&str>,
+    body: &[u8],
+) -> Result<Response, Error> {
+    Ok(match method {
+        "Start" => match call.request(body) {
+            Ok(request) => start::start(app, username, call, keepalive_interval(head), request),
+            Err(error) => failed(error),
+        },
+        "Connect" => match call.request(body) {
+            Ok(request) => start::connect(call, keepalive_interval(head), request),
+            Err(error) => failed(error),
+        },
+        "List" => {
+            call.request::<messages::Empty>(body)?;
+            connect::unary(&ops::list())
+        }
+        "SendInput" => connect::unary(&ops::send_input(call.request(body)?)?),
+        "SendSignal" => connect::unary(&ops::send_signal(call.request(body)?)?),
+        "CloseStdin" => connect::unary(&ops::close_stdin(call.request(body)?)?),
+        "Update" => connect::unary(&ops::update(call.request(body)?)?),
+        other => {
+            return Err(Error::new(
+                Code::Unimplemented,
+                format!("{SERVICE}/{other} is not implemented by sandboxd"),
+            ))
+        }
+    })
+}
+
+/// The daemon's process hub, started on first use; failing to start it is usually the open
+/// file limit.
+fn hub() -> Result<Hub, Error> {
+    Hub::global().map_err(|e| {
+        let code = match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN) => {
+                Code::ResourceExhausted
+            }
+            _ => Code::Internal,
+        };
+        Error::new(code, format!("cannot start the process I/O thread: {e}"))
+    })
+}
+
+/// A hub error as a Connect error with envd's code and words; `context` says what was being
+/// done (`error writing to stdin`), as envd prefixes its errors.
+fn proc_error(error: ProcError, context: &str) -> Error {
+    let with_context = |code| Error::new(code, format!("{context}: {error}"));
+    match &error {
+        ProcError::NotFound(_) => Error::new(Code::NotFound, error.to_string()),
+        ProcError::ShuttingDown => Error::new(Code::Unavailable, error.to_string()),
+        ProcError::InputFull => Error::new(Code::ResourceExhausted, error.to_string()),
+        ProcError::Spawn(_) => with_context(Code::InvalidArgument),
+        ProcError::TerminalStdin => with_context(Code::Unknown),
+        ProcError::NoStdin
+        | ProcError::WrongInput { .. }
+        | ProcError::NotATerminal
+        | ProcError::Io(_) => with_context(Code::Internal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc::Selector;
+
+    #[test]
+    fn hub_errors_carry_envds_codes_and_words() {
+        let error = proc_error(ProcError::NotFound(Selector::Pid(7)), "x");
+        assert_eq!(
+            (error.code, error.message.as_str()),
+            (Code::NotFound, "process with pid 7 not found")
+        );
+        let error = proc_error(ProcError::NotFound(Selector::Tag("web".into())), "x");
+        assert_eq!(error.message, "process with tag web not found");
+        let error = proc_error(ProcError::NoStdin, "error writing to stdin");
+        assert_eq!(
+            (error.code, error.message.as_str()),
+            (
+                Code::Internal,
+                "error writing to stdin: stdin not enabled or closed"
+            )
+        );
+        let error = proc_error(ProcError::TerminalStdin, "error closing stdin");
+        assert_eq!(error.code, Code::Unknown);
+        assert_eq!(
+            proc_error(ProcError::InputFull, "x").code,
+            Code::ResourceExhausted
+        );
+        assert_eq!(
+            proc_error(ProcError::ShuttingDown, "x").code,
+            Code::Unavailable
+        );
+    }
+}

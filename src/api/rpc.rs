@@ -1,0 +1,122 @@
+//! What envd's two Connect services (`filesystem.Filesystem`, `process.Process`, SPEC §9b)
+//! share above the protocol: the caller's user from `Authorization: Basic`, the keep-alive
+//! interval of their streams, the answer of a stream that failed before it began, and how the
+//! shared file layer's errors become Connect codes.
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+use crate::connect::{Code, Error, Stream};
+use crate::fs::FsError;
+use crate::http::{Head, Response};
+
+/// The request header carrying the keep-alive interval in seconds.
+pub const KEEPALIVE_HEADER: &str = "keepalive-ping-interval";
+/// envd's interval when the header is absent.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
+const MAX_KEEPALIVE: Duration = Duration::from_secs(86_400);
+
+/// The user named by `Authorization: Basic` (`base64(user:password)`, the password ignored, as
+/// envd does); `None` without the header or with an empty name: the default user.
+pub fn basic_user(head: &Head) -> Result<Option<String>, Error> {
+    let Some(value) = head.header("authorization") else {
+        return Ok(None);
+    };
+    let invalid = || Error::new(Code::Unauthenticated, "invalid Authorization header");
+    let text = std::str::from_utf8(value).map_err(|_| invalid())?.trim();
+    let (scheme, credentials) = text.split_once(' ').ok_or_else(invalid)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        // Another scheme says nothing about the user: the default one.
+        return Ok(None);
+    }
+    let decoded = STANDARD.decode(credentials.trim()).map_err(|_| invalid())?;
+    let decoded = String::from_utf8(decoded).map_err(|_| invalid())?;
+    let name = decoded
+        .split_once(':')
+        .map_or(decoded.as_str(), |(name, _)| name);
+    Ok((!name.is_empty()).then(|| name.to_string()))
+}
+
+/// The keep-alive interval of a stream, envd's: whole seconds from the
+/// `Keepalive-Ping-Interval` request header (the SDKs send 50), 90 s without one. sandboxd
+/// also takes an unparsable or non-positive value as absent (envd's ticker would panic on it)
+/// and caps it at a day.
+pub fn keepalive_interval(head: &Head) -> Duration {
+    head.header(KEEPALIVE_HEADER)
+        .and_then(|value| std::str::from_utf8(value).ok())
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .filter(|seconds| *seconds > 0)
+        .map_or(DEFAULT_KEEPALIVE, |seconds| {
+            Duration::from_secs(seconds).min(MAX_KEEPALIVE)
+        })
+}
+
+/// The answer of a streaming call that failed before its stream began: a stream holding only
+/// the end-of-stream message with the error, as connect-go answers. Not a unary error: the JS
+/// SDK's client (connect-es) reads a streaming call's non-200 status alone, so a 404 would
+/// reach it as `unimplemented`.
+pub fn failed(error: Error) -> Response {
+    let (stream, response) = Stream::open(0);
+    stream.finish(Err(error));
+    response
+}
+
+/// An error of the shared file layer, with its Connect code (`api::status` decides both).
+pub fn api_error(error: FsError) -> Error {
+    Error::new(super::status::fs_code(&error), error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &str) -> Head {
+        let text = format!("POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: h\r\n{headers}\r\n");
+        Head::parse(text.as_bytes()).unwrap().unwrap().0
+    }
+
+    #[test]
+    fn the_user_comes_from_basic_authorization() {
+        let user = |headers: &str| basic_user(&head(headers));
+        assert_eq!(user("").unwrap(), None);
+        // "user:" and "root:secret"
+        assert_eq!(
+            user("Authorization: Basic dXNlcjo=\r\n").unwrap(),
+            Some("user".into())
+        );
+        assert_eq!(
+            user("Authorization: basic cm9vdDpzZWNyZXQ=\r\n").unwrap(),
+            Some("root".into())
+        );
+        // ":" (an empty name) is the default user; another scheme too.
+        assert_eq!(user("Authorization: Basic Og==\r\n").unwrap(), None);
+        assert_eq!(user("Authorization: Bearer abc\r\n").unwrap(), None);
+        for bad in ["Authorization: Basic !!!\r\n", "Authorization: Basic\r\n"] {
+            assert_eq!(user(bad).unwrap_err().code, Code::Unauthenticated, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_keepalive_interval_comes_from_the_header_as_envd_reads_it() {
+        let interval = |headers: &str| keepalive_interval(&head(headers));
+        assert_eq!(interval(""), DEFAULT_KEEPALIVE);
+        assert_eq!(
+            interval("Keepalive-Ping-Interval: 50\r\n"),
+            Duration::from_secs(50)
+        );
+        assert_eq!(
+            interval("keepalive-ping-interval:  1 \r\n"),
+            Duration::from_secs(1)
+        );
+        for bad in ["0", "-5", "1.5", "soon", ""] {
+            let headers = format!("Keepalive-Ping-Interval: {bad}\r\n");
+            assert_eq!(interval(&headers), DEFAULT_KEEPALIVE, "{bad:?}");
+        }
+        assert_eq!(
+            interval("Keepalive-Ping-Interval: 99999999999999\r\n"),
+            MAX_KEEPALIVE
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! The I/O thread: one `poll(2)` over every process's pipes and terminals, forever.
+//!
+//! Each turn: under the lock, list what to wait for (the outputs of processes whose
+//! subscribers all have room, the inputs with bytes waiting) and the earliest moment anyone
+//! asked for; unlock and poll (holding clones of the files, so none closes under the poll);
+//! lock again and read each ready output ([`READS_PER_TURN`] chunks at most, so one busy
+//! process does not starve the others), write each ready input, then the housekeeping: ask for
+//! the exits of processes whose outputs closed, tick the subscribers that asked, kill processes
+//! whose deadline passed, and tell the end of every finished process and drop it.
+//!
+//! A subscriber without room stops its process's output from being polled; its queue being
+//! taken (or its client leaving) signals the eventfd, and the next turn polls the output again.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::table::{Process, REAP_RETRY_MAX};
+use super::{Exit, OutputKind, Shared, State, Wake, SHUTDOWN_GRACE};
+use crate::log;
+use crate::sys::poll::{poll_ready, Interest};
+use crate::sys::process as sysproc;
+
+/// Chunks read from one output per turn.
+const READS_PER_TURN: usize = 16;
+
+enum Slot {
+    Output(usize),
+    Input,
+}
+
+/// A descriptor waited for this turn.
+struct Watched {
+    pid: u32,
+    slot: Slot,
+    file: Arc<File>,
+    interest: Interest,
+}
+
+pub(super) fn run(shared: &Shared) {
+    let wake = Wake(Arc::clone(&shared.wake));
+    let mut buf = vec![0u8; super::CHUNK];
+    loop {
+        let (watched, next) = plan(&mut lock(shared), &wake);
+        let timeout = next.map(|at| at.saturating_duration_since(Instant::now()));
+        let polled = {
+            let mut fds: Vec<(BorrowedFd<'_>, Interest)> = Vec::with_capacity(watched.len() + 1);
+            fds.push((shared.wake.as_fd(), Interest::Read));
+            fds.extend(watched.iter().map(|w| (w.file.as_fd(), w.interest)));
+            poll_ready(&fds, timeout)
+        };
+        let ready = match polled {
+            Ok(ready) => ready,
+            Err(error) => {
+                log::line(format_args!("process I/O: poll failed: {error}"));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if ready.first() == Some(&true) {
+            let _ = shared.wake.drain();
+        }
+        let mut state = lock(shared);
+        for (watch, _) in watched
+            .iter()
+            .zip(ready.iter().skip(1))
+            .filter(|(_, ready)| **ready)
+        {
+            let Some(process) = state.table.processes.get_mut(&watch.pid) else {
+                continue;
+            };
+            match watch.slot {
+                Slot::Output(index) => read_output(process, index, &mut buf, &wake),
+                Slot::Input => write_input(process),
+            }
+        }
+        // Dropped under the lock: an input closed by a worker meanwhile really closes now.
+        drop(watched);
+        housekeeping(&mut state, Instant::now(), &wake, &mut buf);
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    shared.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What to wait for this turn, and until when at most.
+fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
+    let mut watched = Vec::new();
+    let mut next: Option<Instant> = None;
+    let mut earliest = |at: Option<Instant>| {
+        if let Some(at) = at {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    };
+    let mut anyone_listens = false;
+    for process in state.table.processes.values_mut() {
+        if all_ready(process, wake) {
+            for (index, output) in process.outputs.iter().enumerate() {
+                if let Some(file) = &output.file {
+                    watched.push(Watched {
+                        pid: process.pid,
+                        slot: Slot::Output(index),
+                        file: Arc::clone(file),
+                        interest: Interest::Read,
+                    });
+                }
+            }
+        }
+        if let (false, Some(input)) = (process.pending_input.is_empty(), &process.input) {
+            watched.push(Watched {
+                pid: process.pid,
+                slot: Slot::Input,
+                file: Arc::clone(input),
+                interest: Interest::Write,
+            });
+        }
+        if process.exit.is_none() {
+            earliest(process.kill_at);
+            earliest(process.reap_retry.map(|(at, _)| at));
+        }
+        for subscriber in &process.subscribers {
+            earliest(subscriber.next_tick());
+        }
+        anyone_listens |= !process.subscribers.is_empty();
+    }
+    if anyone_listens {
+        earliest(state.shutdown.map(|at| at + SHUTDOWN_GRACE));
+    }
+    (watched, next)
+}
+
+/// Whether every subscriber has room for a chunk (those without are asked to wake us).
+fn all_ready(process: &mut Process, wake: &Wake) -> bool {
+    let mut ready = true;
+    for subscriber in &mut process.subscribers {
+        ready &= subscriber.ready(wake);
+    }
+    ready
+}
+
+fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
+    process.subscribers.retain_mut(|s| s.output(kind, bytes));
+}
+
+/// Reads what one output holds, while its subscribers have room.
+fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake) {
+    for _ in 0..READS_PER_TURN {
+        if !all_ready(process, wake) {
+            return;
+        }
+        let Some(output) = process.outputs.get(index) else {
+            return;
+        };
+        let (kind, Some(file)) = (output.kind, output.file.clone()) else {
+            return;
+        };
+        match (&*file).read(buf) {
+            Ok(0) => return close_output(process, index),
+            Ok(n) => deliver(process, kind, &buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // A terminal's master reads EIO once no slave is open: its end of file.
+                if !(kind == OutputKind::Pty && e.raw_os_error() == Some(libc::EIO)) {
+                    log::line(format_args!(
+                        "process {}: reading its output: {e}",
+                        process.pid
+                    ));
+                }
+                return close_output(process, index);
+            }
+        }
+    }
+}
+
+fn close_output(process: &mut Process, index: usize) {
+    if let Some(output) = process.outputs.get_mut(index) {
+        output.file = None;
+    }
+    if !process.outputs_open() {
+        process.expect_exit(Instant::now());
+    }
+}
+
+/// Writes the input waiting for a process, as far as its pipe takes it.
+fn write_input(process: &mut Process) {
+    let Some(input) = process.input.clone() else {
+        process.pending_input.clear();
+        return;
+    };
+    while !process.pending_input.is_empty() {
+        let (front, _) = process.pending_input.as_slices();
+        match (&*input).write(front) {
+            Ok(n) => {
+                process.pending_input.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // The process closed its end (EPIPE): nobody will read what waits.
+                process.pending_input.clear();
+                if process.terminal.is_none() {
+                    process.input = None;
+                }
+            }
+        }
+    }
+    if process.close_input {
+        process.input = None;
+        process.close_input = false;
+    }
+}
+
+/// Everything that is not reading or writing: exits, ticks, kills, ends, the shutdown.
+fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
+    let mut finished = Vec::new();
+    for process in state.table.processes.values_mut() {
+        if let (None, Some((at, interval))) = (process.exit, process.reap_retry) {
+            if at <= now {
+                reap(process, now, interval);
+            }
+        }
+        process
+            .subscribers
+            .retain_mut(|s| s.next_tick().is_none_or(|at| at > now) || s.tick(now));
+        // After the ticks: a `Start` stream whose deadline is this one ends with
+        // `deadline_exceeded` before its process's end could be told.
+        if process.kill_at.is_some_and(|at| at <= now) {
+            process.kill_at = None;
+            if process.exit.is_none() {
+                let _ = sysproc::kill_group(process.pid, libc::SIGKILL);
+                process.cut = true;
+                process.expect_exit(now);
+            }
+        }
+        if process.finished() {
+            finished.push(process.pid);
+        }
+    }
+    for pid in finished {
+        if let Some(process) = state.table.processes.get_mut(&pid) {
+            // Signalled: what its outputs hold now is still told.
+            for index in 0..process.outputs.len() {
+                read_output(process, index, buf, wake);
+            }
+        }
+        if let Some(process) = state.table.remove(pid, now) {
+            let Some(exit) = process.exit else { continue };
+            for subscriber in process.subscribers {
+                subscriber.end(exit);
+            }
+        }
+    }
+    if state.shutdown.is_some_and(|at| at + SHUTDOWN_GRACE <= now) {
+        for process in state.table.processes.values_mut() {
+            for subscriber in process.subscribers.drain(..) {
+                subscriber.abort();
+            }
+        }
+    }
+}
+
+/// Asks whether a process whose outputs closed has exited; if not, asks again later.
+fn reap(process: &mut Process, now: Instant, interval: Duration) {
+    match sysproc::wait_pid(process.pid) {
+        Ok(Some(status)) => {
+            process.exit = Some(Exit(status));
+            process.reap_retry = None;
+        }
+        // Still running (it closed its outputs), or just reaped by the reaper, whose hand-over
+        // is on its way.
+        Ok(None) | Err(_) => {
+            process.reap_retry = Some((now + interval, (interval * 2).min(REAP_RETRY_MAX)));
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The hub against real children: output and exits, input, signals, deadlines, terminals, a
+//! subscriber that holds output back. Each test has a hub of its own; nothing here reaps any
+//! child but its own (the I/O thread asks for one pid's exit when its outputs close).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::sys::process::WaitStatus;
+
+/// What a subscriber saw.
+#[derive(Default)]
+struct Seen {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    pty: Vec<u8>,
+    exit: Option<Exit>,
+    aborted: bool,
+}
+
+/// Collects what it is told; `ready` follows a switch the test holds.
+struct Collector {
+    seen: Arc<Mutex<Seen>>,
+    open: Arc<AtomicBool>,
+    waiting: Arc<Mutex<Option<Wake>>>,
+}
+
+impl Subscriber for Collector {
+    fn ready(&mut self, wake: &Wake) -> bool {
+        if self.open.load(Ordering::SeqCst) {
+            return true;
+        }
+        *self.waiting.lock().unwrap() = Some(wake.clone());
+        false
+    }
+    fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
+        let mut seen = self.seen.lock().unwrap();
+        match kind {
+            OutputKind::Stdout => seen.stdout.extend_from_slice(bytes),
+            OutputKind::Stderr => seen.stderr.extend_from_slice(bytes),
+            OutputKind::Pty => seen.pty.extend_from_slice(bytes),
+        }
+        true
+    }
+    fn next_tick(&self) -> Option<Instant> {
+        None
+    }
+    fn tick(&mut self, _now: Instant) -> bool {
+        true
+    }
+    fn end(self: Box<Self>, exit: Exit) {
+        self.seen.lock().unwrap().exit = Some(exit);
+    }
+    fn abort(self: Box<Self>) {
+        self.seen.lock().unwrap().aborted = true;
+    }
+}
+
+struct Watcher {
+    seen: Arc<Mutex<Seen>>,
+    open: Arc<AtomicBool>,
+    waiting: Arc<Mutex<Option<Wake>>>,
+}
+
+impl Watcher {
+    fn new() -> Watcher {
+        Watcher {
+            seen: Arc::default(),
+            open: Arc::new(AtomicBool::new(true)),
+            waiting: Arc::default(),
+        }
+    }
+
+    fn subscriber(&self) -> Box<dyn Subscriber> {
+        Box::new(Collector {
+            seen: Arc::clone(&self.seen),
+            open: Arc::clone(&self.open),
+            waiting: Arc::clone(&self.waiting),
+        })
+    }
+
+    fn exit(&self) -> Exit {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(exit) = self.seen.lock().unwrap().exit {
+                return exit;
+            }
+            assert!(Instant::now() < deadline, "no end within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn until(&self, what: impl Fn(&Seen) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !what(&self.seen.lock().unwrap()) {
+            assert!(Instant::now() < deadline, "not seen within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn spec(cmd: &str, args: &[&str]) -> Spec {
+    Spec {
+        config: Config {
+            cmd: cmd.to_string(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            envs: BTreeMap::new(),
+            cwd: None,
+        },
+        env: BTreeMap::from([("PATH".to_string(), spawn::DEFAULT_PATH.to_string())]),
+        cwd: "/".into(),
+        credentials: None,
+        terminal: None,
+        stdin: false,
+        tag: None,
+    }
+}
+
+fn hub() -> Hub {
+    Hub::start_thread().unwrap()
+}
+
+#[test]
+fn output_is_told_per_stream_then_the_exit() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    let spec = spec("sh", &["-c", "echo out; echo err >&2; printf more; exit 3"]);
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    assert_eq!(watcher.exit(), Exit(WaitStatus::Exited(3)));
+    let seen = watcher.seen.lock().unwrap();
+    assert_eq!(seen.stdout, b"out\nmore");
+    assert_eq!(seen.stderr, b"err\n");
+    assert!(hub.list().is_empty(), "gone from the table");
+    drop(seen);
+    // Remembered for a late attach.
+    let late = Watcher::new();
+    let collector = Collector {
+        seen: Arc::clone(&late.seen),
+        open: Arc::clone(&late.open),
+        waiting: Arc::clone(&late.waiting),
+    };
+    let Ok(Attached::Ended(ended, exit, _)) = hub.attach(&Selector::Pid(pid), collector, |_, _| {})
+    else {
+        panic!("the end is remembered");
+    };
+    assert_eq!((ended, exit), (pid, Exit(WaitStatus::Exited(3))));
+}
+
+#[test]
+fn a_missing_program_is_a_spawn_error() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    let error = hub
+        .start(&spec("/nonexistent/program", &[]), None, |_| {
+            watcher.subscriber()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&error, ProcError::Spawn(e) if e.raw_os_error() == Some(libc::ENOENT)),
+        "{error:?}"
+    );
+    assert!(hub.list().is_empty());
+}
+
+#[test]
+fn input_reaches_stdin_and_closing_it_ends_cat() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    let mut spec = spec("cat", &[]);
+    spec.stdin = true;
+    spec.tag = Some("cat".into());
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    let by_tag = Selector::Tag("cat".into());
+    hub.write_input(&by_tag, b"hello ", false).unwrap();
+    // More than a pipe holds: the rest waits in the table and goes as cat reads.
+    let big = vec![b'x'; 300_000];
+    hub.write_input(&Selector::Pid(pid), &big, false).unwrap();
+    assert!(matches!(
+        hub.write_input(&by_tag, b"x", true),
+        Err(ProcError::WrongInput { to_terminal: true })
+    ));
+    let listed = hub.list();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].pid, listed[0].tag.as_deref()),
+        (pid, Some("cat"))
+    );
+    hub.close_stdin(&by_tag).unwrap();
+    assert!(matches!(
+        hub.write_input(&by_tag, b"late", false),
+        Err(ProcError::NoStdin)
+    ));
+    assert_eq!(watcher.exit(), Exit(WaitStatus::Exited(0)));
+    let seen = watcher.seen.lock().unwrap();
+    assert_eq!(seen.stdout.len(), 6 + big.len());
+    assert!(seen.stdout.starts_with(b"hello xxx"));
+    drop(seen);
+    assert!(matches!(
+        hub.close_stdin(&Selector::Pid(pid)),
+        Err(ProcError::NotFound(_))
+    ));
+}
+
+#[test]
+fn a_killed_group_ends_at_its_exit_even_with_its_output_held_elsewhere() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    // The grandchild leaves the group (setsid) but keeps stdout open.
+    let spec = spec(
+        "sh",
+        &["-c", "setsid sleep 5 & echo started; exec sleep 10"],
+    );
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    watcher.until(|seen| seen.stdout == b"started\n");
+    let started = Instant::now();
+    hub.signal(&Selector::Pid(pid), libc::SIGKILL).unwrap();
+    let exit = watcher.exit();
+    assert_eq!(exit.status(), "signal: killed");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn the_deadline_kills_the_process() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    let started = Instant::now();
+    hub.start(
+        &spec("sleep", &["10"]),
+        Some(Duration::from_millis(100)),
+        |_| watcher.subscriber(),
+    )
+    .unwrap();
+    assert_eq!(watcher.exit().status(), "signal: killed");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_subscriber_without_room_holds_the_output_back_and_loses_none() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    watcher.open.store(false, Ordering::SeqCst);
+    let spec = spec("head", &["-c", "3000000", "/dev/zero"]);
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(watcher.seen.lock().unwrap().stdout.is_empty());
+    assert_eq!(hub.list().len(), 1, "head waits for its pipe: {pid}");
+    watcher.open.store(true, Ordering::SeqCst);
+    watcher.waiting.lock().unwrap().take().unwrap().wake();
+    assert_eq!(watcher.exit(), Exit(WaitStatus::Exited(0)));
+    assert_eq!(watcher.seen.lock().unwrap().stdout.len(), 3_000_000);
+}
+
+#[test]
+fn a_terminal_session_has_a_tty_of_its_size() {
+    if !std::path::Path::new("/dev/ptmx").exists() {
+        return;
+    }
+    let hub = hub();
+    let watcher = Watcher::new();
+    let mut spec = spec("sh", &[]);
+    spec.terminal = Some(WindowSize { rows: 24, cols: 80 });
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    let terminal = Selector::Pid(pid);
+    hub.write_input(&terminal, b"stty size; tty\n", true)
+        .unwrap();
+    watcher.until(|seen| String::from_utf8_lossy(&seen.pty).contains("/dev/pts/"));
+    assert!(String::from_utf8_lossy(&watcher.seen.lock().unwrap().pty).contains("24 80"));
+    hub.resize(
+        &terminal,
+        WindowSize {
+            rows: 50,
+            cols: 132,
+        },
+    )
+    .unwrap();
+    hub.write_input(&terminal, b"stty size; exit 7\n", true)
+        .unwrap();
+    assert_eq!(watcher.exit(), Exit(WaitStatus::Exited(7)));
+    assert!(String::from_utf8_lossy(&watcher.seen.lock().unwrap().pty).contains("50 132"));
+    assert!(matches!(
+        hub.close_stdin(&terminal),
+        Err(ProcError::NotFound(_))
+    ));
+}
+
+#[test]
+fn shutdown_terms_every_group_and_refuses_new_processes() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    hub.start(&spec("sleep", &["10"]), None, |_| watcher.subscriber())
+        .unwrap();
+    hub.shutdown();
+    assert_eq!(watcher.exit().status(), "signal: terminated");
+    assert!(matches!(
+        hub.start(&spec("true", &[]), None, |_| watcher.subscriber()),
+        Err(ProcError::ShuttingDown)
+    ));
+}
