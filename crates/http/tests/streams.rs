@@ -34,7 +34,12 @@ impl Handler for Streams {
             }
             "/idle" => {
                 thread::spawn(move || {
-                    sender.send(b"first\n").unwrap();
+                    // The client may be gone before the first chunk is queued: that is the
+                    // answer too.
+                    if let Err(error) = sender.send(b"first\n") {
+                        let _ = gone.send(error);
+                        return;
+                    }
                     for _ in 0..500 {
                         thread::sleep(Duration::from_millis(20));
                         if sender.is_closed() {
