@@ -668,3 +668,88 @@ fn sigterm_to_the_daemon_reaches_its_processes() {
     let status = daemon.wait(WAIT).expect("the daemon exits");
     assert!(status.success());
 }
+
+#[test]
+fn a_terminal_session_has_its_tty_its_size_and_term() {
+    let daemon = start();
+    let mut stream = Stream::open(
+        &daemon,
+        START,
+        &json!({"process": {"cmd": "/bin/sh"}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+        &[],
+    );
+    let pid = started(&mut stream);
+    let input = |bytes: &[u8]| {
+        unary(
+            &daemon,
+            "process.Process/SendInput",
+            &[],
+            &json!({"process": {"pid": pid}, "input": {"pty": b64(bytes)}}),
+        )
+    };
+    assert_eq!(input(b"tty; stty size; echo T=$TERM\n").status, 200);
+    let mut seen = Run::default();
+    let deadline = Instant::now() + WAIT;
+    while !String::from_utf8_lossy(&seen.pty).contains("T=xterm-256color") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = stream.next_within(left).expect("the terminal's answer");
+        assert!(!message.end, "{message:?}");
+        take(&mut seen, &message);
+    }
+    let text = String::from_utf8_lossy(&seen.pty).into_owned();
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("24 80"), "{text}");
+    assert!(
+        seen.stdout.is_empty() && seen.stderr.is_empty(),
+        "all output is the terminal's"
+    );
+    let resize = |cols: u32, rows: u32| {
+        unary(
+            &daemon,
+            "process.Process/Update",
+            &[],
+            &json!({"process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}}),
+        )
+    };
+    assert_eq!(resize(132, 50).status, 200);
+    assert_eq!(error_of(&resize(0, 50)).1, "invalid_argument");
+    assert_eq!(error_of(&resize(70_000, 50)).1, "invalid_argument");
+    // Stdin is the terminal's: stdin bytes and closing it are envd's errors.
+    let reply = unary(
+        &daemon,
+        "process.Process/SendInput",
+        &[],
+        &json!({"process": {"pid": pid}, "input": {"stdin": b64(b"x")}}),
+    );
+    assert_eq!(error_of(&reply).1, "internal");
+    assert!(error_of(&reply).2.contains("tty assigned to process"));
+    let reply = unary(
+        &daemon,
+        "process.Process/CloseStdin",
+        &[],
+        &json!({"process": {"pid": pid}}),
+    );
+    assert_eq!(error_of(&reply).1, "unknown");
+    assert_eq!(input(b"stty size; exit 5\n").status, 200);
+    let run = run_to_end(&mut stream, WAIT);
+    assert!(String::from_utf8_lossy(&run.pty).contains("50 132"));
+    assert_eq!(run.end.unwrap()["exitCode"], 5);
+
+    // A process with pipes has no terminal to resize.
+    let mut stream = sh(&daemon, "sleep 5", json!({}), &[]);
+    let pid = started(&mut stream);
+    let reply = unary(
+        &daemon,
+        "process.Process/Update",
+        &[],
+        &json!({"process": {"pid": pid}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+    );
+    assert_eq!(
+        error_of(&reply),
+        (
+            500,
+            "internal".into(),
+            "error resizing tty: tty not assigned to process".into()
+        )
+    );
+}
