@@ -753,3 +753,80 @@ fn a_terminal_session_has_its_tty_its_size_and_term() {
         )
     );
 }
+
+/// The pids of `pid`'s children.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    children
+}
+
+/// The state letters of `parent`'s children.
+fn states_of_children(parent: i32) -> Vec<String> {
+    children_of(parent)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            Some(
+                stat.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn as_pid_1_the_orphans_of_commands_are_reaped() {
+    if !root_or_skip("a PID namespace (unshare --pid) needs root") {
+        return;
+    }
+    let daemon = crate::common::builder()
+        .wrap_with_shell("exec unshare --pid --kill-child --mount-proc")
+        .start();
+    // unshare's child is sandboxd, PID 1 of the new namespace.
+    let sandboxd = children_of(daemon.pid());
+    assert_eq!(sandboxd.len(), 1, "unshare has one child: {sandboxd:?}");
+    let sandboxd = sandboxd[0];
+    let mut stream = sh(&daemon, "cat /proc/1/comm", json!({}), &[]);
+    started(&mut stream);
+    let run = run_to_end(&mut stream, WAIT);
+    assert_eq!(
+        run.stdout, b"sandboxd\n",
+        "sandboxd is PID 1 of the commands' namespace"
+    );
+    // Each command leaves an orphan that exits a moment later: PID 1 inherits and reaps it.
+    for _ in 0..20 {
+        let mut stream = sh(
+            &daemon,
+            "(sleep 0.2 > /dev/null 2>&1 &); exit 0",
+            json!({}),
+            &[],
+        );
+        started(&mut stream);
+        assert_eq!(run_to_end(&mut stream, WAIT).end.unwrap()["exitCode"], 0);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    eventually(
+        || !states_of_children(sandboxd).iter().any(|s| s == "Z"),
+        "no zombie among PID 1's children",
+    );
+    assert!(
+        children_of(sandboxd).is_empty(),
+        "every orphan exited and was reaped: {:?}",
+        states_of_children(sandboxd)
+    );
+}
