@@ -668,3 +668,165 @@ fn sigterm_to_the_daemon_reaches_its_processes() {
     let status = daemon.wait(WAIT).expect("the daemon exits");
     assert!(status.success());
 }
+
+#[test]
+fn a_terminal_session_has_its_tty_its_size_and_term() {
+    let daemon = start();
+    let mut stream = Stream::open(
+        &daemon,
+        START,
+        &json!({"process": {"cmd": "/bin/sh"}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+        &[],
+    );
+    let pid = started(&mut stream);
+    let input = |bytes: &[u8]| {
+        unary(
+            &daemon,
+            "process.Process/SendInput",
+            &[],
+            &json!({"process": {"pid": pid}, "input": {"pty": b64(bytes)}}),
+        )
+    };
+    assert_eq!(input(b"tty; stty size; echo T=$TERM\n").status, 200);
+    let mut seen = Run::default();
+    let deadline = Instant::now() + WAIT;
+    while !String::from_utf8_lossy(&seen.pty).contains("T=xterm-256color") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = stream.next_within(left).expect("the terminal's answer");
+        assert!(!message.end, "{message:?}");
+        take(&mut seen, &message);
+    }
+    let text = String::from_utf8_lossy(&seen.pty).into_owned();
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("24 80"), "{text}");
+    assert!(
+        seen.stdout.is_empty() && seen.stderr.is_empty(),
+        "all output is the terminal's"
+    );
+    let resize = |cols: u32, rows: u32| {
+        unary(
+            &daemon,
+            "process.Process/Update",
+            &[],
+            &json!({"process": {"pid": pid}, "pty": {"size": {"cols": cols, "rows": rows}}}),
+        )
+    };
+    assert_eq!(resize(132, 50).status, 200);
+    assert_eq!(error_of(&resize(0, 50)).1, "invalid_argument");
+    assert_eq!(error_of(&resize(70_000, 50)).1, "invalid_argument");
+    // Stdin is the terminal's: stdin bytes and closing it are envd's errors.
+    let reply = unary(
+        &daemon,
+        "process.Process/SendInput",
+        &[],
+        &json!({"process": {"pid": pid}, "input": {"stdin": b64(b"x")}}),
+    );
+    assert_eq!(error_of(&reply).1, "internal");
+    assert!(error_of(&reply).2.contains("tty assigned to process"));
+    let reply = unary(
+        &daemon,
+        "process.Process/CloseStdin",
+        &[],
+        &json!({"process": {"pid": pid}}),
+    );
+    assert_eq!(error_of(&reply).1, "unknown");
+    assert_eq!(input(b"stty size; exit 5\n").status, 200);
+    let run = run_to_end(&mut stream, WAIT);
+    assert!(String::from_utf8_lossy(&run.pty).contains("50 132"));
+    assert_eq!(run.end.unwrap()["exitCode"], 5);
+
+    // A process with pipes has no terminal to resize.
+    let mut stream = sh(&daemon, "sleep 5", json!({}), &[]);
+    let pid = started(&mut stream);
+    let reply = unary(
+        &daemon,
+        "process.Process/Update",
+        &[],
+        &json!({"process": {"pid": pid}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+    );
+    assert_eq!(
+        error_of(&reply),
+        (
+            500,
+            "internal".into(),
+            "error resizing tty: tty not assigned to process".into()
+        )
+    );
+}
+
+/// The pids of `pid`'s children.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let listed = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(
+            listed
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    children
+}
+
+/// The state letters of `parent`'s children.
+fn states_of_children(parent: i32) -> Vec<String> {
+    children_of(parent)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            Some(
+                stat.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn as_pid_1_the_orphans_of_commands_are_reaped() {
+    if !root_or_skip("a PID namespace (unshare --pid) needs root") {
+        return;
+    }
+    let daemon = crate::common::builder()
+        .wrap_with_shell("exec unshare --pid --kill-child --mount-proc")
+        .start();
+    // unshare's child is sandboxd, PID 1 of the new namespace.
+    let sandboxd = children_of(daemon.pid());
+    assert_eq!(sandboxd.len(), 1, "unshare has one child: {sandboxd:?}");
+    let sandboxd = sandboxd[0];
+    let mut stream = sh(&daemon, "cat /proc/1/comm", json!({}), &[]);
+    started(&mut stream);
+    let run = run_to_end(&mut stream, WAIT);
+    assert_eq!(
+        run.stdout, b"sandboxd\n",
+        "sandboxd is PID 1 of the commands' namespace"
+    );
+    // Each command leaves an orphan that exits a moment later: PID 1 inherits and reaps it.
+    for _ in 0..20 {
+        let mut stream = sh(
+            &daemon,
+            "(sleep 0.2 > /dev/null 2>&1 &); exit 0",
+            json!({}),
+            &[],
+        );
+        started(&mut stream);
+        assert_eq!(run_to_end(&mut stream, WAIT).end.unwrap()["exitCode"], 0);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    eventually(
+        || !states_of_children(sandboxd).iter().any(|s| s == "Z"),
+        "no zombie among PID 1's children",
+    );
+    assert!(
+        children_of(sandboxd).is_empty(),
+        "every orphan exited and was reaped: {:?}",
+        states_of_children(sandboxd)
+    );
+}
