@@ -235,12 +235,7 @@ fn stdin_by_send_input_and_close_stdin() {
         );
         assert_eq!((reply.status, reply.json()), (200, json!({})));
     }
-    let first = stream.next();
-    assert_eq!(
-        first.json["event"]["data"]["stdout"],
-        b64(b"Hello, "),
-        "cat echoes each input as it comes"
-    );
+    // cat may read the two inputs in one read or two: only their order is asserted.
     let reply = unary(
         &daemon,
         "process.Process/CloseStdin",
@@ -249,7 +244,7 @@ fn stdin_by_send_input_and_close_stdin() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     let run = run_to_end(&mut stream, WAIT);
-    assert_eq!(run.stdout, b"World!");
+    assert_eq!(run.stdout, b"Hello, World!");
     assert_eq!(run.end.unwrap()["exitCode"], 0);
 
     // Without stdin (the SDKs' default), input is refused as envd refuses it.
