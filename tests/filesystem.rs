@@ -5,11 +5,9 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use crate::common;
+use crate::common::connect::AS_USER;
 use crate::common::{start, Daemon, Reply, TOKEN, USER_GID, USER_UID};
 use serde_json::{json, Value};
-
-/// `base64("user:")`, as the SDKs send the user.
-const AS_USER: &str = "Basic dXNlcjo=";
 
 fn rpc_as(daemon: &Daemon, method: &str, user: Option<&str>, body: Value) -> Reply {
     let path = format!("/filesystem.Filesystem/{method}");

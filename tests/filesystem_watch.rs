@@ -2,18 +2,13 @@
 //! here envelope by envelope) and `CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`, as the
 //! SDKs call them; the kernel's watches observed through `/proc/<pid>/fdinfo`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::connect::{Stream, AS_USER, WAIT};
 use crate::common::{start, Daemon, Reply, TOKEN};
 use serde_json::{json, Value};
-
-/// `base64("user:")`, as the SDKs send the user.
-const AS_USER: &str = "Basic dXNlcjo=";
-const WAIT: Duration = Duration::from_secs(10);
 
 fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
     let headers = [
@@ -25,197 +20,41 @@ fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
     daemon.call_with("POST", &path, &headers, body.to_string().as_bytes())
 }
 
-fn envelope(flags: u8, message: &[u8]) -> Vec<u8> {
-    let mut out = vec![flags];
-    out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    out.extend_from_slice(message);
-    out
+/// A WatchDir call as the SDKs make it (as `user`), read envelope by envelope.
+fn open_watch(daemon: &Daemon, request: Value, headers: &[(&str, &str)]) -> Stream {
+    let mut all = vec![("Authorization", AS_USER)];
+    all.extend_from_slice(headers);
+    Stream::open(daemon, "filesystem.Filesystem/WatchDir", &request, &all)
 }
 
-/// One message of the stream: its JSON, and whether it is the end-of-stream one.
-#[derive(Debug)]
-struct Message {
-    end: bool,
-    json: Value,
-}
-
-/// A WatchDir call, read as it arrives: the head, then the (chunked) body split into
-/// envelopes, whatever the pieces the bytes come in.
-struct Watch {
-    socket: TcpStream,
-    status: u16,
-    headers: Vec<(String, String)>,
-    chunked: bool,
-    raw: Vec<u8>,
-    body: Vec<u8>,
-    ended: bool,
-}
-
-impl Watch {
-    fn open(daemon: &Daemon, request: Value, headers: &[(&str, &str)]) -> Watch {
-        let body = envelope(0, request.to_string().as_bytes());
-        let mut head = format!(
-            "POST /filesystem.Filesystem/WatchDir HTTP/1.1\r\nHost: test\r\n\
-             X-Access-Token: {TOKEN}\r\nAuthorization: {AS_USER}\r\n\
-             Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
-             Content-Length: {}\r\n",
-            body.len()
+/// The filesystem events until `expected` (type, name) pairs were all seen in order
+/// (keep-alives skipped); panics on the end of the stream or after 10 s.
+fn events_until(watch: &mut Stream, expected: &[(&str, &str)]) -> Vec<Value> {
+    let mut seen = Vec::new();
+    let mut want = expected.iter().peekable();
+    let deadline = Instant::now() + WAIT;
+    while want.peek().is_some() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some(message) = watch.next_within(left) else {
+            panic!("expected {:?}, saw {seen:?}", want.collect::<Vec<_>>());
+        };
+        assert!(!message.end, "the stream ended: {message:?}; saw {seen:?}");
+        let Some(event) = message.json.get("filesystem") else {
+            continue;
+        };
+        let (kind, name) = (
+            event["type"].as_str().unwrap(),
+            event["name"].as_str().unwrap(),
         );
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
+        if want.peek().is_some_and(|(k, n)| *k == kind && *n == name) {
+            want.next();
         }
-        head.push_str("\r\n");
-        let mut socket = daemon.connect();
-        socket.write_all(head.as_bytes()).unwrap();
-        socket.write_all(&body).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut watch = Watch {
-            socket,
-            status: 0,
-            headers: Vec::new(),
-            chunked: false,
-            raw: Vec::new(),
-            body: Vec::new(),
-            ended: false,
-        };
-        let deadline = Instant::now() + WAIT;
-        let end = loop {
-            if let Some(at) = watch.raw.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
-            }
-            assert!(Instant::now() < deadline, "no answer head");
-            watch.fill();
-        };
-        let head = String::from_utf8(watch.raw[..end].to_vec()).unwrap();
-        watch.raw.drain(..end + 4);
-        let mut lines = head.split("\r\n");
-        watch.status = lines
-            .next()
-            .unwrap()
-            .split(' ')
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
-        for line in lines {
-            let (name, value) = line.split_once(':').unwrap();
-            watch
-                .headers
-                .push((name.to_ascii_lowercase(), value.trim().to_string()));
-        }
-        watch.chunked = watch.header("transfer-encoding") == Some("chunked");
-        watch
+        seen.push(event.clone());
     }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        let found = self.headers.iter().find(|(n, _)| n == name);
-        found.map(|(_, v)| v.as_str())
-    }
-
-    /// Reads what has arrived (at most 100 ms of waiting).
-    fn fill(&mut self) -> usize {
-        let mut buf = [0u8; 65536];
-        match self.socket.read(&mut buf) {
-            Ok(0) => {
-                self.ended = true;
-                0
-            }
-            Ok(n) => {
-                self.raw.extend_from_slice(&buf[..n]);
-                n
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                0
-            }
-            Err(_) => {
-                self.ended = true;
-                0
-            }
-        }
-    }
-
-    /// Moves the complete chunks of `raw` to `body`.
-    fn dechunk(&mut self) {
-        if !self.chunked {
-            self.body.append(&mut self.raw);
-            return;
-        }
-        loop {
-            let Some(line_end) = self.raw.windows(2).position(|w| w == b"\r\n") else {
-                return;
-            };
-            let size = std::str::from_utf8(&self.raw[..line_end]).unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            let start = line_end + 2;
-            if self.raw.len() < start + size + 2 {
-                return;
-            }
-            self.body.extend_from_slice(&self.raw[start..start + size]);
-            self.raw.drain(..start + size + 2);
-        }
-    }
-
-    /// The next message, waiting at most `limit`.
-    fn next_within(&mut self, limit: Duration) -> Option<Message> {
-        let deadline = Instant::now() + limit;
-        loop {
-            self.dechunk();
-            if self.body.len() >= 5 {
-                let len = u32::from_be_bytes(self.body[1..5].try_into().unwrap()) as usize;
-                if self.body.len() >= 5 + len {
-                    let json = serde_json::from_slice(&self.body[5..5 + len]).unwrap();
-                    let end = self.body[0] & 0x02 != 0;
-                    self.body.drain(..5 + len);
-                    return Some(Message { end, json });
-                }
-            }
-            if self.ended || Instant::now() >= deadline {
-                return None;
-            }
-            self.fill();
-        }
-    }
-
-    fn next(&mut self) -> Message {
-        self.next_within(WAIT).expect("a message within 10 s")
-    }
-
-    /// The filesystem events until `expected` (type, name) pairs were all seen in order
-    /// (keep-alives skipped); panics on the end of the stream or after 10 s.
-    fn events_until(&mut self, expected: &[(&str, &str)]) -> Vec<Value> {
-        let mut seen = Vec::new();
-        let mut want = expected.iter().peekable();
-        let deadline = Instant::now() + WAIT;
-        while want.peek().is_some() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some(message) = self.next_within(left) else {
-                panic!("expected {:?}, saw {seen:?}", want.collect::<Vec<_>>());
-            };
-            assert!(!message.end, "the stream ended: {message:?}; saw {seen:?}");
-            let Some(event) = message.json.get("filesystem") else {
-                continue;
-            };
-            let (kind, name) = (
-                event["type"].as_str().unwrap(),
-                event["name"].as_str().unwrap(),
-            );
-            if want.peek().is_some_and(|(k, n)| *k == kind && *n == name) {
-                want.next();
-            }
-            seen.push(event.clone());
-        }
-        seen
-    }
+    seen
 }
 
-fn assert_start(watch: &mut Watch) {
+fn assert_start(watch: &mut Stream) {
     assert_eq!(watch.status, 200);
     assert_eq!(
         watch.header("content-type"),
@@ -227,7 +66,7 @@ fn assert_start(watch: &mut Watch) {
 
 /// The end-of-stream message's error (code and message), skipping the events before it; and
 /// how many events there were.
-fn end_error(watch: &mut Watch, limit: Duration) -> (String, String, usize) {
+fn end_error(watch: &mut Stream, limit: Duration) -> (String, String, usize) {
     let deadline = Instant::now() + limit;
     let mut events = 0;
     loop {
@@ -283,7 +122,7 @@ fn watch_dir_streams_start_then_create_write_chmod_rename_remove() {
     let daemon = start();
     let dir = daemon.home().join("watched");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "watched"}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "watched"}), &[]);
     assert_start(&mut watch);
 
     std::fs::write(dir.join("a.txt"), b"hello").unwrap();
@@ -295,14 +134,17 @@ fn watch_dir_streams_start_then_create_write_chmod_rename_remove() {
     std::fs::rename(dir.join("a.txt"), dir.join("b.txt")).unwrap();
     std::fs::write(dir.join("sub/not-recursive"), b"").unwrap();
     std::fs::remove_file(dir.join("b.txt")).unwrap();
-    let seen = watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "a.txt"),
-        ("EVENT_TYPE_WRITE", "a.txt"),
-        ("EVENT_TYPE_CHMOD", "a.txt"),
-        ("EVENT_TYPE_RENAME", "a.txt"),
-        ("EVENT_TYPE_CREATE", "b.txt"),
-        ("EVENT_TYPE_REMOVE", "b.txt"),
-    ]);
+    let seen = events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "a.txt"),
+            ("EVENT_TYPE_WRITE", "a.txt"),
+            ("EVENT_TYPE_CHMOD", "a.txt"),
+            ("EVENT_TYPE_RENAME", "a.txt"),
+            ("EVENT_TYPE_CREATE", "b.txt"),
+            ("EVENT_TYPE_REMOVE", "b.txt"),
+        ],
+    );
     assert!(
         !seen
             .iter()
@@ -318,26 +160,32 @@ fn a_recursive_watch_sees_nested_changes_and_new_directories() {
     let daemon = start();
     let dir = daemon.home().join("tree");
     std::fs::create_dir_all(dir.join("old/deep")).unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "tree", "recursive": true}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "tree", "recursive": true}), &[]);
     assert_start(&mut watch);
     assert_eq!(inotify_watches(&daemon), Some(3));
     std::fs::write(dir.join("old/deep/f"), b"").unwrap();
     std::fs::create_dir_all(dir.join("new/a/b")).unwrap();
-    watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "old/deep/f"),
-        ("EVENT_TYPE_CREATE", "new"),
-        ("EVENT_TYPE_CREATE", "new/a"),
-        ("EVENT_TYPE_CREATE", "new/a/b"),
-    ]);
+    events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "old/deep/f"),
+            ("EVENT_TYPE_CREATE", "new"),
+            ("EVENT_TYPE_CREATE", "new/a"),
+            ("EVENT_TYPE_CREATE", "new/a/b"),
+        ],
+    );
     std::fs::write(dir.join("new/a/b/late.txt"), b"x").unwrap();
     std::fs::remove_dir_all(dir.join("old")).unwrap();
-    watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "new/a/b/late.txt"),
-        ("EVENT_TYPE_WRITE", "new/a/b/late.txt"),
-        ("EVENT_TYPE_REMOVE", "old/deep/f"),
-        ("EVENT_TYPE_REMOVE", "old/deep"),
-        ("EVENT_TYPE_REMOVE", "old"),
-    ]);
+    events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "new/a/b/late.txt"),
+            ("EVENT_TYPE_WRITE", "new/a/b/late.txt"),
+            ("EVENT_TYPE_REMOVE", "old/deep/f"),
+            ("EVENT_TYPE_REMOVE", "old/deep"),
+            ("EVENT_TYPE_REMOVE", "old"),
+        ],
+    );
     // tree, new, new/a, new/a/b
     wait_for_watches(&daemon, 4);
 }
@@ -346,14 +194,17 @@ fn a_recursive_watch_sees_nested_changes_and_new_directories() {
 fn include_entry_describes_creates_and_writes_but_not_removes() {
     let daemon = start();
     let home = daemon.home();
-    let mut watch = Watch::open(&daemon, json!({"path": "", "includeEntry": true}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "", "includeEntry": true}), &[]);
     assert_start(&mut watch);
     std::fs::write(home.join("e.txt"), b"12345").unwrap();
     std::fs::remove_file(home.join("e.txt")).unwrap();
-    let seen = watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "e.txt"),
-        ("EVENT_TYPE_REMOVE", "e.txt"),
-    ]);
+    let seen = events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "e.txt"),
+            ("EVENT_TYPE_REMOVE", "e.txt"),
+        ],
+    );
     let remove = seen
         .iter()
         .find(|e| e["type"] == "EVENT_TYPE_REMOVE")
@@ -368,7 +219,7 @@ fn include_entry_describes_creates_and_writes_but_not_removes() {
     }
 
     std::fs::write(home.join("kept.txt"), b"12345").unwrap();
-    let seen = watch.events_until(&[("EVENT_TYPE_WRITE", "kept.txt")]);
+    let seen = events_until(&mut watch, &[("EVENT_TYPE_WRITE", "kept.txt")]);
     let write = seen.last().unwrap();
     assert_eq!(write["entry"]["name"], "kept.txt");
     assert_eq!(write["entry"]["size"], "5");
@@ -377,7 +228,7 @@ fn include_entry_describes_creates_and_writes_but_not_removes() {
 #[test]
 fn keepalives_come_at_the_interval_the_header_asks() {
     let daemon = start();
-    let mut watch = Watch::open(
+    let mut watch = open_watch(
         &daemon,
         json!({"path": ""}),
         &[("Keepalive-Ping-Interval", "1")],
@@ -400,7 +251,7 @@ fn keepalives_come_at_the_interval_the_header_asks() {
 #[test]
 fn connect_timeout_ends_the_stream_with_deadline_exceeded() {
     let daemon = start();
-    let mut watch = Watch::open(
+    let mut watch = open_watch(
         &daemon,
         json!({"path": ""}),
         &[("Connect-Timeout-Ms", "300")],
@@ -416,17 +267,17 @@ fn connect_timeout_ends_the_stream_with_deadline_exceeded() {
 fn a_client_that_leaves_has_its_watch_dropped() {
     let daemon = start();
     std::fs::create_dir_all(daemon.home().join("a/b")).unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "", "recursive": true}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "", "recursive": true}), &[]);
     assert_start(&mut watch);
     assert_eq!(inotify_watches(&daemon), Some(3));
     drop(watch);
     wait_for_watches(&daemon, 0);
     common::assert_health_within(&daemon, Duration::from_secs(2));
     // Another watch works as before.
-    let mut watch = Watch::open(&daemon, json!({"path": "a"}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "a"}), &[]);
     assert_start(&mut watch);
     std::fs::write(daemon.home().join("a/f"), b"").unwrap();
-    watch.events_until(&[("EVENT_TYPE_CREATE", "f")]);
+    events_until(&mut watch, &[("EVENT_TYPE_CREATE", "f")]);
 }
 
 #[test]
@@ -434,7 +285,7 @@ fn a_client_that_does_not_read_is_ended_without_the_daemon_growing() {
     let daemon = start();
     let dir = daemon.home().join("busy");
     std::fs::create_dir(&dir).unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "busy", "includeEntry": true}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "busy", "includeEntry": true}), &[]);
     let before = rss_kib(&daemon, "VmRSS:");
     // About 1 KiB per event with its entry: far more than the stream's 1 MiB queue and the
     // sockets' buffers hold.
@@ -464,7 +315,7 @@ fn missing_and_non_directory_paths_end_the_stream_with_envds_codes() {
     let daemon = start();
     std::fs::write(daemon.home().join("file"), b"").unwrap();
     for (path, code) in [("missing", "not_found"), ("file", "invalid_argument")] {
-        let mut watch = Watch::open(&daemon, json!({"path": path}), &[]);
+        let mut watch = open_watch(&daemon, json!({"path": path}), &[]);
         // connect-es reads only the status of a streaming call that is not 200: the error
         // travels in the end-of-stream message.
         assert_eq!(watch.status, 200, "{path}");
@@ -566,7 +417,7 @@ fn create_watcher_refuses_what_envd_refuses() {
 #[test]
 fn a_stream_ends_with_unavailable_when_the_daemon_stops_and_does_not_hold_the_drain() {
     let mut daemon = start();
-    let mut watch = Watch::open(&daemon, json!({"path": ""}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": ""}), &[]);
     assert_start(&mut watch);
     let stopping = Instant::now();
     daemon.signal("TERM");
@@ -587,7 +438,7 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
     let daemon = start();
     let dir = daemon.home().join("up");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "up"}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "up"}), &[]);
     assert_start(&mut watch);
     let upload = |body: &[u8]| {
         let reply = daemon.call_with(
@@ -615,14 +466,17 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     std::fs::write(dir.join("marker"), b"").unwrap();
-    let seen = watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "a.txt"),
-        ("EVENT_TYPE_WRITE", "a.txt"),
-        ("EVENT_TYPE_WRITE", "a.txt"),
-        ("EVENT_TYPE_CREATE", "m.txt"),
-        ("EVENT_TYPE_WRITE", "m.txt"),
-        ("EVENT_TYPE_CREATE", "marker"),
-    ]);
+    let seen = events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "a.txt"),
+            ("EVENT_TYPE_WRITE", "a.txt"),
+            ("EVENT_TYPE_WRITE", "a.txt"),
+            ("EVENT_TYPE_CREATE", "m.txt"),
+            ("EVENT_TYPE_WRITE", "m.txt"),
+            ("EVENT_TYPE_CREATE", "marker"),
+        ],
+    );
     let names: Vec<(&str, &str)> = seen
         .iter()
         .map(|e| (e["type"].as_str().unwrap(), e["name"].as_str().unwrap()))
@@ -655,16 +509,19 @@ fn a_directory_arriving_whole_reports_its_files_data_as_written() {
     std::fs::create_dir_all(outside.join("inner")).unwrap();
     std::fs::write(outside.join("inner/data.txt"), b"written before the watch").unwrap();
     std::fs::write(outside.join("inner/empty"), b"").unwrap();
-    let mut watch = Watch::open(&daemon, json!({"path": "tree", "recursive": true}), &[]);
+    let mut watch = open_watch(&daemon, json!({"path": "tree", "recursive": true}), &[]);
     assert_start(&mut watch);
     // Moved in whole: its files were written where no watch could see them.
     std::fs::rename(&outside, dir.join("moved")).unwrap();
     std::fs::write(dir.join("marker"), b"").unwrap();
-    let seen = watch.events_until(&[
-        ("EVENT_TYPE_CREATE", "moved/inner/data.txt"),
-        ("EVENT_TYPE_WRITE", "moved/inner/data.txt"),
-        ("EVENT_TYPE_CREATE", "marker"),
-    ]);
+    let seen = events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "moved/inner/data.txt"),
+            ("EVENT_TYPE_WRITE", "moved/inner/data.txt"),
+            ("EVENT_TYPE_CREATE", "marker"),
+        ],
+    );
     let empty_writes = seen
         .iter()
         .filter(|e| e["name"] == "moved/inner/empty" && e["type"] == "EVENT_TYPE_WRITE")
