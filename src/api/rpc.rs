@@ -1,16 +1,80 @@
 //! What envd's two Connect services (`filesystem.Filesystem`, `process.Process`, SPEC §9b)
-//! share above the protocol: the caller's user from `Authorization: Basic`, the keep-alive
+//! share above the protocol: how a call starts ([`begin`]: the token, the method, its framing,
+//! the caller's user from `Authorization: Basic`, the collected request), the keep-alive
 //! interval of their streams, the answer of a stream that failed before it began, and how the
 //! shared file layer's errors become Connect codes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
-use crate::connect::{Code, Error, Stream};
+use crate::app::App;
+use crate::connect::{self, Call, Code, Error, Shape, Stream};
 use crate::fs::FsError;
-use crate::http::{Head, Response};
+use crate::http::{Action, Head, Response};
+
+/// Runs a method once its request body is collected: the app, the call, its head, the method,
+/// the caller's user name (`None`: the default user) and the body.
+pub type Run = fn(&Arc<App>, &Call, &Head, &str, Option<&str>, &[u8]) -> Result<Response, Error>;
+
+/// Starts a call to `service`/`method`. In order: the token (else `unauthenticated`), what the
+/// service says of the method (`shape`: whether it streams its answer, or why it is refused),
+/// the call's framing matching it (else `unimplemented`), the user; then the request message is
+/// collected (in the event loop) and given to `run`.
+pub fn begin(
+    app: &Arc<App>,
+    head: &Head,
+    service: &str,
+    method: &str,
+    shape: impl FnOnce(&str) -> Result<Shape, Error>,
+    run: Run,
+) -> Action {
+    let refuse = |error: Error| Action::Respond(error.into_response());
+    if let Err(error) = app.require_token(head) {
+        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
+    }
+    let expected = match shape(method) {
+        Ok(expected) => expected,
+        Err(error) => return refuse(error),
+    };
+    let call = match Call::from_head(head) {
+        Ok(call) => call,
+        Err(response) => return Action::Respond(response),
+    };
+    if call.shape != expected {
+        let (what, send) = match expected {
+            Shape::Unary => ("a unary", "application/json"),
+            Shape::ServerStream => ("a server-streaming", "application/connect+json"),
+        };
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!("{service}/{method} is {what} method: send {send}"),
+        ));
+    }
+    let username = match basic_user(head) {
+        Ok(username) => username,
+        Err(error) => return refuse(error),
+    };
+    let app = Arc::clone(app);
+    let method = method.to_string();
+    Action::Collect {
+        limit: connect::MAX_REQUEST_BYTES,
+        then: Box::new(move |head, body| {
+            run(&app, &call, head, &method, username.as_deref(), &body)
+                .unwrap_or_else(Error::into_response)
+        }),
+    }
+}
+
+/// A method `service` does not have.
+pub fn unknown_method(service: &str, method: &str) -> Error {
+    Error::new(
+        Code::Unimplemented,
+        format!("{service}/{method} is not a method of {service}"),
+    )
+}
 
 /// The request header carrying the keep-alive interval in seconds.
 pub const KEEPALIVE_HEADER: &str = "keepalive-ping-interval";

@@ -16,7 +16,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::rpc::{api_error, basic_user, failed, keepalive_interval};
+use super::rpc::{self, api_error, failed, keepalive_interval};
 use crate::app::{App, Resolver};
 use crate::connect::{self, Call, Code, Error, Shape};
 use crate::fs::owners::Owners;
@@ -27,77 +27,26 @@ use messages::{Empty, EntryInfo, ListDirRequest, MoveRequest, PathRequest};
 /// The service's name in Connect paths.
 pub const SERVICE: &str = "filesystem.Filesystem";
 
-/// The methods of envd's service, and whether sandboxd has them yet.
-const METHODS: [(&str, bool); 9] = [
-    ("Stat", true),
-    ("MakeDir", true),
-    ("Move", true),
-    ("ListDir", true),
-    ("Remove", true),
-    ("WatchDir", true),
-    ("CreateWatcher", true),
-    ("GetWatcherEvents", true),
-    ("RemoveWatcher", true),
+/// The methods of envd's service; `WatchDir` is the one whose answer is a stream.
+const METHODS: [(&str, Shape); 9] = [
+    ("Stat", Shape::Unary),
+    ("MakeDir", Shape::Unary),
+    ("Move", Shape::Unary),
+    ("ListDir", Shape::Unary),
+    ("Remove", Shape::Unary),
+    ("WatchDir", Shape::ServerStream),
+    ("CreateWatcher", Shape::Unary),
+    ("GetWatcherEvents", Shape::Unary),
+    ("RemoveWatcher", Shape::Unary),
 ];
-
-/// The one server-streaming method; the others are unary.
-const STREAMING: &str = "WatchDir";
 
 /// Starts a call to `method` of the service; its request message is collected, then run.
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
-    let refuse = |error: Error| Action::Respond(error.into_response());
-    if let Err(error) = app.require_token(head) {
-        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
-    }
-    let implemented = match METHODS.iter().find(|(name, _)| *name == method) {
-        Some((_, implemented)) => *implemented,
-        None => {
-            return refuse(Error::new(
-                Code::Unimplemented,
-                format!("{SERVICE}/{method} is not a method of {SERVICE}"),
-            ))
-        }
+    let shape = |method: &str| match METHODS.iter().find(|(name, _)| *name == method) {
+        Some((_, shape)) => Ok(*shape),
+        None => Err(rpc::unknown_method(SERVICE, method)),
     };
-    if !implemented {
-        return refuse(Error::new(
-            Code::Unimplemented,
-            format!("{SERVICE}/{method} is not implemented by sandboxd"),
-        ));
-    }
-    let call = match Call::from_head(head) {
-        Ok(call) => call,
-        Err(response) => return Action::Respond(response),
-    };
-    match (call.shape, method == STREAMING) {
-        (Shape::Unary, false) | (Shape::ServerStream, true) => {}
-        (_, false) => {
-            return refuse(Error::new(
-                Code::Unimplemented,
-                format!("{SERVICE}/{method} is a unary method: send application/json"),
-            ))
-        }
-        (_, true) => {
-            return refuse(Error::new(
-                Code::Unimplemented,
-                format!(
-                    "{SERVICE}/{method} is a server-streaming method: send application/connect+json"
-                ),
-            ))
-        }
-    }
-    let username = match basic_user(head) {
-        Ok(username) => username,
-        Err(error) => return refuse(error),
-    };
-    let app = Arc::clone(app);
-    let method = method.to_string();
-    Action::Collect {
-        limit: connect::MAX_REQUEST_BYTES,
-        then: Box::new(move |head, body| {
-            run(&app, &call, head, &method, username.as_deref(), &body)
-                .unwrap_or_else(Error::into_response)
-        }),
-    }
+    rpc::begin(app, head, SERVICE, method, shape, run)
 }
 
 fn run(

@@ -22,7 +22,7 @@ mod stream;
 
 use std::sync::Arc;
 
-use crate::api::rpc::{basic_user, failed, keepalive_interval};
+use crate::api::rpc::{self, failed, keepalive_interval};
 use crate::app::App;
 use crate::connect::{self, Call, Code, Error, Shape};
 use crate::http::{Action, Head, Response};
@@ -54,60 +54,20 @@ const METHODS: [(&str, Kind); 8] = [
 
 /// Starts a call to `method` of the service; its request message is collected, then run.
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
-    let refuse = |error: Error| Action::Respond(error.into_response());
-    if let Err(error) = app.require_token(head) {
-        return refuse(Error::new(Code::Unauthenticated, error.to_string()));
-    }
-    let Some((_, kind)) = METHODS.iter().find(|(name, _)| *name == method) else {
-        return refuse(Error::new(
-            Code::Unimplemented,
-            format!("{SERVICE}/{method} is not a method of {SERVICE}"),
-        ));
-    };
-    if *kind == Kind::ClientStream {
-        return refuse(Error::new(
+    let shape = |method: &str| match METHODS.iter().find(|(name, _)| *name == method) {
+        Some((_, Kind::Unary)) => Ok(Shape::Unary),
+        Some((_, Kind::ServerStream)) => Ok(Shape::ServerStream),
+        Some((_, Kind::ClientStream)) => Err(Error::new(
             Code::Unimplemented,
             format!(
                 "{SERVICE}/{method} is not implemented by sandboxd: a client stream needs a \
                  request body held open, which HTTP/1.1 cuts at its body timeouts; send input \
                  with {SERVICE}/SendInput"
             ),
-        ));
-    }
-    let call = match Call::from_head(head) {
-        Ok(call) => call,
-        Err(response) => return Action::Respond(response),
+        )),
+        None => Err(rpc::unknown_method(SERVICE, method)),
     };
-    match (call.shape, kind) {
-        (Shape::Unary, Kind::Unary) | (Shape::ServerStream, Kind::ServerStream) => {}
-        (_, Kind::Unary) => {
-            return refuse(Error::new(
-                Code::Unimplemented,
-                format!("{SERVICE}/{method} is a unary method: send application/json"),
-            ))
-        }
-        (_, _) => {
-            return refuse(Error::new(
-                Code::Unimplemented,
-                format!(
-                    "{SERVICE}/{method} is a server-streaming method: send application/connect+json"
-                ),
-            ))
-        }
-    }
-    let username = match basic_user(head) {
-        Ok(username) => username,
-        Err(error) => return refuse(error),
-    };
-    let app = Arc::clone(app);
-    let method = method.to_string();
-    Action::Collect {
-        limit: connect::MAX_REQUEST_BYTES,
-        then: Box::new(move |head, body| {
-            run(&app, &call, head, &method, username.as_deref(), &body)
-                .unwrap_or_else(Error::into_response)
-        }),
-    }
+    rpc::begin(app, head, SERVICE, method, shape, run)
 }
 
 fn run(
