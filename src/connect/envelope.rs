@@ -32,7 +32,6 @@ pub fn encode_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>
 }
 
 /// A received envelope.
-#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, PartialEq, Eq)]
 pub struct Envelope {
     pub flags: u8,
@@ -40,13 +39,11 @@ pub struct Envelope {
 }
 
 /// Splits a byte stream into envelopes, whatever the pieces it arrives in.
-#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, Default)]
 pub struct Decoder {
     buffer: Vec<u8>,
 }
 
-#[allow(dead_code)]
 impl Decoder {
     /// Takes in `bytes`; returns the envelopes they complete, in order.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Envelope>, Error> {

@@ -3,18 +3,14 @@
 //! `pty.create` / `resize` / `send_input` call.
 //!
 //! This module owns the service: which methods exist and how each travels (server streams,
-//! unary calls; `StreamInput`, a client stream, is refused, see below), who the caller is (the
-//! token, then the user of `Authorization: Basic`, else the default user), and how the process
-//! hub's errors become Connect codes with envd's words. The messages are `messages`', `Start`
-//! and `Connect` `start`'s, their streams `stream`'s, the unary methods `ops`'. Processes
+//! unary calls, and `StreamInput`, a client stream whose body is taken as it arrives), who the
+//! caller is (the token, then the user of `Authorization: Basic`, else the default user), and
+//! how the process hub's errors become Connect codes with envd's words. The messages are
+//! `messages`', `Start` and `Connect` `start`'s, their streams `stream`'s, the unary methods
+//! `ops`', `StreamInput` `input_stream`'s (with what HTTP/1.1 allows of it). Processes
 //! themselves are `proc`'s.
-//!
-//! **`StreamInput`** (a client stream: input messages over one request body, one answer at the
-//! end) is answered `unimplemented`: over HTTP/1.1 it would be a chunked request body held open
-//! for as long as the user types, which the HTTP layer cuts at its body timeouts (30 s without
-//! a byte, less than 500 bytes/s on average), and neither SDK sends it (both use `SendInput`,
-//! one call per input, over HTTP/1.1). The answer names `SendInput`.
 
+mod input_stream;
 mod messages;
 mod ops;
 mod start;
@@ -36,7 +32,7 @@ pub const SERVICE: &str = "process.Process";
 enum Kind {
     Unary,
     ServerStream,
-    /// Not served (see the module documentation).
+    /// Its request body is a stream of messages, taken as it arrives.
     ClientStream,
 }
 
@@ -64,22 +60,24 @@ pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
             format!("{SERVICE}/{method} is not a method of {SERVICE}"),
         ));
     };
-    if *kind == Kind::ClientStream {
-        return refuse(Error::new(
-            Code::Unimplemented,
-            format!(
-                "{SERVICE}/{method} is not implemented by sandboxd: a client stream needs a \
-                 request body held open, which HTTP/1.1 cuts at its body timeouts; send input \
-                 with {SERVICE}/SendInput"
-            ),
-        ));
-    }
     let call = match Call::from_head(head) {
         Ok(call) => call,
         Err(response) => return Action::Respond(response),
     };
     match (call.shape, kind) {
         (Shape::Unary, Kind::Unary) | (Shape::ServerStream, Kind::ServerStream) => {}
+        // The streaming content type, for a stream of requests.
+        (Shape::ServerStream, Kind::ClientStream) => {
+            return Action::Consume(Box::new(input_stream::InputSink::default()))
+        }
+        (_, Kind::ClientStream) => {
+            return refuse(Error::new(
+                Code::Unimplemented,
+                format!(
+                    "{SERVICE}/{method} is a client-streaming method: send application/connect+json"
+                ),
+            ))
+        }
         (_, Kind::Unary) => {
             return refuse(Error::new(
                 Code::Unimplemented,
