@@ -223,10 +223,7 @@ fn stdin_by_send_input_and_close_stdin() {
         &[],
     );
     let pid = started(&mut stream);
-    for (selector, text) in [
-        (json!({"pid": pid}), "Hello, "),
-        (json!({"tag": "cat"}), "World!"),
-    ] {
+    let send = |selector: Value, text: &str| {
         let reply = unary(
             &daemon,
             "process.Process/SendInput",
@@ -234,13 +231,15 @@ fn stdin_by_send_input_and_close_stdin() {
             &json!({"process": selector, "input": {"stdin": b64(text.as_bytes())}}),
         );
         assert_eq!((reply.status, reply.json()), (200, json!({})));
-    }
+    };
+    send(json!({"pid": pid}), "Hello, ");
     let first = stream.next();
     assert_eq!(
         first.json["event"]["data"]["stdout"],
         b64(b"Hello, "),
-        "cat echoes each input as it comes"
+        "cat echoes the input"
     );
+    send(json!({"tag": "cat"}), "World!");
     let reply = unary(
         &daemon,
         "process.Process/CloseStdin",

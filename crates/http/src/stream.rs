@@ -15,6 +15,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Largest queue allocation a stream keeps for reuse.
+const RECYCLE_MAX: usize = 512 << 10;
+
 /// Wakes a connection parked while its producer had nothing. Called at most once.
 pub(crate) type Waker = Box<dyn FnOnce() + Send>;
 
@@ -203,7 +206,12 @@ impl StreamSource {
     /// becomes the queue again if the queue is still empty, so a busy stream reuses one
     /// allocation instead of growing a new queue for every batch (an allocator may return
     /// large blocks to the kernel on each free, and fault them in again on each use).
+    /// A buffer over [`RECYCLE_MAX`] is dropped instead: what a stream may keep is bounded,
+    /// also while it idles.
     pub(crate) fn recycle(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() > RECYCLE_MAX {
+            return;
+        }
         let mut state = self.shared.lock();
         if state.queued.is_empty() && buffer.capacity() > state.queued.capacity() {
             buffer.clear();
@@ -326,6 +334,9 @@ mod tests {
         };
         assert_eq!(again, b"next");
         assert_eq!(again.capacity(), capacity, "the same allocation");
+        // Not a buffer over the bound.
+        source.recycle(Vec::with_capacity(RECYCLE_MAX + 1));
+        assert!(source.shared.lock().queued.capacity() <= RECYCLE_MAX);
         // Not when bytes were queued meanwhile: they stay, in order.
         sender.send(b"a").unwrap();
         source.recycle(vec![0; 10]);
