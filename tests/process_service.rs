@@ -425,10 +425,10 @@ fn a_client_vanishing_mid_stream_leaves_the_process_running() {
     );
     started(&mut attached);
     let next = attached.next();
-    assert_eq!(
-        next.json["event"]["data"]["stdout"],
-        b64(b"tick\n"),
-        "its output goes on"
+    let ticks = unb64(next.json["event"]["data"]["stdout"].as_str().unwrap());
+    assert!(
+        !ticks.is_empty() && ticks.chunks(5).all(|tick| tick == b"tick\n"),
+        "its output goes on: {ticks:?}"
     );
     let reply = unary(
         &daemon,
