@@ -2,18 +2,13 @@
 //! here envelope by envelope) and `CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`, as the
 //! SDKs call them; the kernel's watches observed through `/proc/<pid>/fdinfo`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::connect::{Stream, AS_USER, WAIT};
 use crate::common::{start, Daemon, Reply, TOKEN};
 use serde_json::{json, Value};
-
-/// `base64("user:")`, as the SDKs send the user.
-const AS_USER: &str = "Basic dXNlcjo=";
-const WAIT: Duration = Duration::from_secs(10);
 
 fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
     let headers = [
@@ -25,166 +20,32 @@ fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
     daemon.call_with("POST", &path, &headers, body.to_string().as_bytes())
 }
 
-fn envelope(flags: u8, message: &[u8]) -> Vec<u8> {
-    let mut out = vec![flags];
-    out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    out.extend_from_slice(message);
-    out
+/// A WatchDir call as the SDKs' user, read as it arrives (`common::connect::Stream`).
+struct Watch(Stream);
+
+impl std::ops::Deref for Watch {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.0
+    }
 }
 
-/// One message of the stream: its JSON, and whether it is the end-of-stream one.
-#[derive(Debug)]
-struct Message {
-    end: bool,
-    json: Value,
-}
-
-/// A WatchDir call, read as it arrives: the head, then the (chunked) body split into
-/// envelopes, whatever the pieces the bytes come in.
-struct Watch {
-    socket: TcpStream,
-    status: u16,
-    headers: Vec<(String, String)>,
-    chunked: bool,
-    raw: Vec<u8>,
-    body: Vec<u8>,
-    ended: bool,
+impl std::ops::DerefMut for Watch {
+    fn deref_mut(&mut self) -> &mut Stream {
+        &mut self.0
+    }
 }
 
 impl Watch {
     fn open(daemon: &Daemon, request: Value, headers: &[(&str, &str)]) -> Watch {
-        let body = envelope(0, request.to_string().as_bytes());
-        let mut head = format!(
-            "POST /filesystem.Filesystem/WatchDir HTTP/1.1\r\nHost: test\r\n\
-             X-Access-Token: {TOKEN}\r\nAuthorization: {AS_USER}\r\n\
-             Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
-             Content-Length: {}\r\n",
-            body.len()
-        );
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut socket = daemon.connect();
-        socket.write_all(head.as_bytes()).unwrap();
-        socket.write_all(&body).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut watch = Watch {
-            socket,
-            status: 0,
-            headers: Vec::new(),
-            chunked: false,
-            raw: Vec::new(),
-            body: Vec::new(),
-            ended: false,
-        };
-        let deadline = Instant::now() + WAIT;
-        let end = loop {
-            if let Some(at) = watch.raw.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
-            }
-            assert!(Instant::now() < deadline, "no answer head");
-            watch.fill();
-        };
-        let head = String::from_utf8(watch.raw[..end].to_vec()).unwrap();
-        watch.raw.drain(..end + 4);
-        let mut lines = head.split("\r\n");
-        watch.status = lines
-            .next()
-            .unwrap()
-            .split(' ')
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
-        for line in lines {
-            let (name, value) = line.split_once(':').unwrap();
-            watch
-                .headers
-                .push((name.to_ascii_lowercase(), value.trim().to_string()));
-        }
-        watch.chunked = watch.header("transfer-encoding") == Some("chunked");
-        watch
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        let found = self.headers.iter().find(|(n, _)| n == name);
-        found.map(|(_, v)| v.as_str())
-    }
-
-    /// Reads what has arrived (at most 100 ms of waiting).
-    fn fill(&mut self) -> usize {
-        let mut buf = [0u8; 65536];
-        match self.socket.read(&mut buf) {
-            Ok(0) => {
-                self.ended = true;
-                0
-            }
-            Ok(n) => {
-                self.raw.extend_from_slice(&buf[..n]);
-                n
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                0
-            }
-            Err(_) => {
-                self.ended = true;
-                0
-            }
-        }
-    }
-
-    /// Moves the complete chunks of `raw` to `body`.
-    fn dechunk(&mut self) {
-        if !self.chunked {
-            self.body.append(&mut self.raw);
-            return;
-        }
-        loop {
-            let Some(line_end) = self.raw.windows(2).position(|w| w == b"\r\n") else {
-                return;
-            };
-            let size = std::str::from_utf8(&self.raw[..line_end]).unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            let start = line_end + 2;
-            if self.raw.len() < start + size + 2 {
-                return;
-            }
-            self.body.extend_from_slice(&self.raw[start..start + size]);
-            self.raw.drain(..start + size + 2);
-        }
-    }
-
-    /// The next message, waiting at most `limit`.
-    fn next_within(&mut self, limit: Duration) -> Option<Message> {
-        let deadline = Instant::now() + limit;
-        loop {
-            self.dechunk();
-            if self.body.len() >= 5 {
-                let len = u32::from_be_bytes(self.body[1..5].try_into().unwrap()) as usize;
-                if self.body.len() >= 5 + len {
-                    let json = serde_json::from_slice(&self.body[5..5 + len]).unwrap();
-                    let end = self.body[0] & 0x02 != 0;
-                    self.body.drain(..5 + len);
-                    return Some(Message { end, json });
-                }
-            }
-            if self.ended || Instant::now() >= deadline {
-                return None;
-            }
-            self.fill();
-        }
-    }
-
-    fn next(&mut self) -> Message {
-        self.next_within(WAIT).expect("a message within 10 s")
+        let mut all = vec![("Authorization", AS_USER)];
+        all.extend_from_slice(headers);
+        Watch(Stream::open(
+            daemon,
+            "filesystem.Filesystem/WatchDir",
+            &request,
+            &all,
+        ))
     }
 
     /// The filesystem events until `expected` (type, name) pairs were all seen in order
