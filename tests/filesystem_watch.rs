@@ -506,3 +506,29 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
         .count();
     assert_eq!(creates, 1, "the replacement is not a new file: {names:?}");
 }
+
+#[test]
+fn a_directory_arriving_whole_reports_its_files_data_as_written() {
+    let daemon = start();
+    let dir = daemon.home().join("tree");
+    std::fs::create_dir_all(&dir).unwrap();
+    let outside = daemon.home().join("outside");
+    std::fs::create_dir_all(outside.join("inner")).unwrap();
+    std::fs::write(outside.join("inner/data.txt"), b"written before the watch").unwrap();
+    std::fs::write(outside.join("inner/empty"), b"").unwrap();
+    let mut watch = Watch::open(&daemon, json!({"path": "tree", "recursive": true}), &[]);
+    assert_start(&mut watch);
+    // Moved in whole: its files were written where no watch could see them.
+    std::fs::rename(&outside, dir.join("moved")).unwrap();
+    std::fs::write(dir.join("marker"), b"").unwrap();
+    let seen = watch.events_until(&[
+        ("EVENT_TYPE_CREATE", "moved/inner/data.txt"),
+        ("EVENT_TYPE_WRITE", "moved/inner/data.txt"),
+        ("EVENT_TYPE_CREATE", "marker"),
+    ]);
+    let empty_writes = seen
+        .iter()
+        .filter(|e| e["name"] == "moved/inner/empty" && e["type"] == "EVENT_TYPE_WRITE")
+        .count();
+    assert_eq!(empty_writes, 0, "an empty file holds no write: {seen:?}");
+}

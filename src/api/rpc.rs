@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
 use crate::connect::{Code, Error, Stream};
-use crate::error::ApiError;
+use crate::fs::FsError;
 use crate::http::{Head, Response};
 
 /// The request header carrying the keep-alive interval in seconds.
@@ -63,19 +63,9 @@ pub fn failed(error: Error) -> Response {
     response
 }
 
-/// An error of the shared file layer, by the status it would have on the HTTP routes.
-pub fn api_error(error: impl Into<ApiError>) -> Error {
-    let error = error.into();
-    let code = match error.status {
-        400 => Code::InvalidArgument,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::AlreadyExists,
-        507 => Code::ResourceExhausted,
-        _ => Code::Internal,
-    };
-    Error::new(code, error.message)
+/// An error of the shared file layer, with its Connect code (`api::status` decides both).
+pub fn api_error(error: FsError) -> Error {
+    Error::new(super::status::fs_code(&error), error.to_string())
 }
 
 #[cfg(test)]

@@ -4,10 +4,11 @@
 //! nothing of HTTP; this module alone decides the status each answers with, and turns it into
 //! an [`ApiError`] whose message is the error's `Display`, unchanged. Each `match` names every
 //! variant, without a catch-all, so a new variant does not build until it has its status here.
-//! The Connect filesystem service (`api::filesystem`) still derives its codes from these
-//! statuses; a `match` of its own over the same variants belongs next to these.
+//! The Connect services answer with Connect codes instead: [`fs_code`] is the same decision for
+//! them, next to the statuses so that the two stay in step.
 
 use crate::auth::AuthError;
+use crate::connect::Code;
 use crate::error::ApiError;
 use crate::fs::FsError;
 
@@ -44,6 +45,30 @@ fn fs_status(err: &FsError) -> u16 {
     }
 }
 
+/// The Connect code of an [`FsError`], for the Connect services (envd's codes for the same
+/// cases).
+pub fn fs_code(err: &FsError) -> Code {
+    match err {
+        FsError::PathHasNul
+        | FsError::PathTooLong
+        | FsError::OtherUsersHome(_)
+        | FsError::NameTooLong { .. }
+        | FsError::NotADirectory(_)
+        | FsError::DestinationIsADirectory(_)
+        | FsError::SourceNotRegular(_)
+        | FsError::SourceIsDestination(_)
+        | FsError::NoExtendedAttributes(_)
+        | FsError::MetadataTooLarge(_) => Code::InvalidArgument,
+        FsError::UnknownUser(_) => Code::Unauthenticated,
+        FsError::SourceNotFound(_) => Code::NotFound,
+        FsError::DiskFull => Code::ResourceExhausted,
+        FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            Code::PermissionDenied
+        }
+        FsError::Io { .. } => Code::Internal,
+    }
+}
+
 fn auth_status(err: &AuthError) -> u16 {
     match err {
         AuthError::MissingToken
@@ -59,6 +84,34 @@ fn auth_status(err: &AuthError) -> u16 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fs_errors_have_connect_codes_in_step_with_their_statuses() {
+        use super::*;
+        let cases = [
+            (FsError::PathHasNul, Code::InvalidArgument),
+            (FsError::UnknownUser("x".into()), Code::Unauthenticated),
+            (FsError::SourceNotFound("/a".into()), Code::NotFound),
+            (FsError::DiskFull, Code::ResourceExhausted),
+            (
+                FsError::io(
+                    std::io::Error::from_raw_os_error(libc::EACCES),
+                    "opening '/a'".into(),
+                ),
+                Code::PermissionDenied,
+            ),
+            (
+                FsError::io(
+                    std::io::Error::from_raw_os_error(libc::EIO),
+                    "reading '/a'".into(),
+                ),
+                Code::Internal,
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(fs_code(&err), code, "{err}");
+        }
+    }
+
     use std::io;
     use std::path::PathBuf;
 

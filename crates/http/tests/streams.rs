@@ -34,8 +34,8 @@ impl Handler for Streams {
             }
             "/idle" => {
                 thread::spawn(move || {
-                    // The head goes out before this thread runs: on a loaded machine the client
-                    // may have read it and left already, which the send then reports.
+                    // The client may be gone before the first chunk is queued: that is the
+                    // answer too.
                     if let Err(error) = sender.send(b"first\n") {
                         let _ = gone.send(error);
                         return;

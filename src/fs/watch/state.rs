@@ -410,22 +410,36 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
         Skip,
         List,
     }
-    // (absolute path, relative path, is a directory, is the tree's top)
-    let mut stack = vec![(tree.abs.to_path_buf(), tree.rel.to_path_buf(), true, true)];
-    while let Some((abs, rel, is_dir, top)) = stack.pop() {
+    // (absolute path, relative path, is a directory, is the tree's top, holds data)
+    let mut stack = vec![(
+        tree.abs.to_path_buf(),
+        tree.rel.to_path_buf(),
+        true,
+        true,
+        false,
+    )];
+    while let Some((abs, rel, is_dir, top, written)) = stack.pop() {
         let step = access.with(|state| -> Result<Step, WatchError> {
+            // Watched before it is announced: a client that reacts to the create by writing
+            // into the new directory must find the watch there already.
+            let step = if is_dir {
+                match state.add_dir(tree.watch, &abs, &rel, top && tree.strict)? {
+                    true => Step::List,
+                    false if state.watches.contains_key(&tree.watch) => Step::Skip,
+                    false => return Ok(Step::Stop),
+                }
+            } else {
+                Step::Skip
+            };
             if tree.announce && !top && !state.deliver(tree.watch, Op::Create, &rel, &abs) {
                 return Ok(Step::Stop);
             }
-            if !is_dir {
-                return Ok(Step::Skip);
+            // A file found already holding data was written before the watch could see it:
+            // its write is reported too, as it would have been with the watch in place.
+            if tree.announce && written && !state.deliver(tree.watch, Op::Write, &rel, &abs) {
+                return Ok(Step::Stop);
             }
-            let strict = top && tree.strict;
-            Ok(match state.add_dir(tree.watch, &abs, &rel, strict)? {
-                true => Step::List,
-                false if state.watches.contains_key(&tree.watch) => Step::Skip,
-                false => Step::Stop,
-            })
+            Ok(step)
         })?;
         match step {
             Step::Stop => return Ok(()),
@@ -436,17 +450,22 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
         let Ok(entries) = std::fs::read_dir(&abs) else {
             continue;
         };
-        let mut children: Vec<(std::ffi::OsString, bool)> = entries
+        let mut children: Vec<(std::ffi::OsString, bool, bool)> = entries
             .filter_map(Result::ok)
             .map(|entry| {
                 let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
-                (entry.file_name(), is_dir)
+                let written = !is_dir
+                    && tree.announce
+                    && entry
+                        .metadata()
+                        .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
+                (entry.file_name(), is_dir, written)
             })
-            .filter(|(_, is_dir)| *is_dir || tree.announce)
+            .filter(|(_, is_dir, _)| *is_dir || tree.announce)
             .collect();
         children.sort();
-        for (name, is_dir) in children.into_iter().rev() {
-            stack.push((abs.join(&name), rel.join(&name), is_dir, false));
+        for (name, is_dir, written) in children.into_iter().rev() {
+            stack.push((abs.join(&name), rel.join(&name), is_dir, false, written));
         }
     }
     Ok(())
