@@ -421,10 +421,10 @@ fn a_client_vanishing_mid_stream_leaves_the_process_running() {
     );
     started(&mut attached);
     let next = attached.next();
-    assert_eq!(
-        next.json["event"]["data"]["stdout"],
-        b64(b"tick\n"),
-        "its output goes on"
+    let ticks = unb64(next.json["event"]["data"]["stdout"].as_str().unwrap());
+    assert!(
+        !ticks.is_empty() && ticks.chunks(5).all(|tick| tick == b"tick\n"),
+        "its output goes on: {ticks:?}"
     );
     let reply = unary(
         &daemon,
@@ -596,8 +596,16 @@ fn bad_requests_and_unknown_processes_are_envds_errors() {
         "envd's answer to an unknown signal"
     );
     let reply = unary(&daemon, "process.Process/StreamInput", &[], &json!({}));
-    assert_eq!(error_of(&reply).0, 501);
-    assert!(error_of(&reply).2.contains("SendInput"));
+    assert_eq!(
+        error_of(&reply),
+        (
+            501,
+            "unimplemented".into(),
+            "process.Process/StreamInput is a client-streaming method: send \
+             application/connect+json"
+                .into()
+        )
+    );
     let reply = unary(&daemon, "process.Process/Nope", &[], &json!({}));
     assert_eq!(
         error_of(&reply),
@@ -824,4 +832,94 @@ fn as_pid_1_the_orphans_of_commands_are_reaped() {
         "every orphan exited and was reaped: {:?}",
         states_of_children(sandboxd)
     );
+}
+
+#[test]
+fn stream_input_feeds_a_process_over_one_chunked_body() {
+    use std::io::{BufReader, Write};
+    let daemon = start();
+    let mut output = Stream::open(
+        &daemon,
+        START,
+        &json!({"process": {"cmd": "cat"}, "stdin": true}),
+        &[],
+    );
+    let pid = started(&mut output);
+    let messages = [
+        json!({"start": {"process": {"pid": pid}}}),
+        json!({"data": {"input": {"stdin": b64(b"one ")}}}),
+        json!({"keepalive": {}}),
+        json!({"data": {"input": {"stdin": b64(b"two")}}}),
+    ];
+    let encoded = |messages: &[Value]| -> Vec<u8> {
+        messages
+            .iter()
+            .flat_map(|m| crate::common::connect::envelope(0, m.to_string().as_bytes()))
+            .collect()
+    };
+    let mut socket = daemon.connect();
+    socket
+        .write_all(
+            format!(
+                "POST /process.Process/StreamInput HTTP/1.1\r\nHost: t\r\n\
+                 X-Access-Token: {}\r\nContent-Type: application/connect+json\r\n\
+                 Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+                crate::common::TOKEN
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    // Envelopes cut anywhere by the chunks, sent over time.
+    let mut send = |body: &[u8]| {
+        for piece in body.chunks(7) {
+            socket
+                .write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                .unwrap();
+            socket.write_all(piece).unwrap();
+            socket.write_all(b"\r\n").unwrap();
+        }
+    };
+    send(&encoded(&messages[..2]));
+    let first = output.next();
+    assert_eq!(
+        first.json["event"]["data"]["stdout"],
+        b64(b"one "),
+        "input is applied as it arrives, before the body ends"
+    );
+    send(&encoded(&messages[2..]));
+    socket.write_all(b"0\r\n\r\n").unwrap();
+    let reply = crate::common::read_reply(&mut BufReader::new(socket), false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/connect+json")
+    );
+    let mut expected = crate::common::connect::envelope(0, b"{}");
+    expected.extend(crate::common::connect::envelope(2, b"{}"));
+    // Both queued before the answer went out: one chunk.
+    let mut chunked = format!("{:x}\r\n", expected.len()).into_bytes();
+    chunked.extend(&expected);
+    chunked.extend(b"\r\n0\r\n\r\n");
+    assert_eq!(reply.body, chunked, "the empty answer, then a clean end");
+    let unary_close = unary(
+        &daemon,
+        "process.Process/CloseStdin",
+        &[],
+        &json!({"process": {"pid": pid}}),
+    );
+    assert_eq!(unary_close.status, 200);
+    let run = run_to_end(&mut output, WAIT);
+    assert_eq!(run.stdout, b"two");
+
+    // Data before start: the stream's end-of-stream error.
+    let mut stream = crate::common::connect::Stream::open(
+        &daemon,
+        "process.Process/StreamInput",
+        &json!({"data": {"input": {"stdin": "eA=="}}}),
+        &[],
+    );
+    assert_eq!(stream.status, 200);
+    let (code, message) = Stream::end_error(&stream.next()).unwrap();
+    assert_eq!(code, "invalid_argument");
+    assert!(message.contains("start event"), "{message}");
 }

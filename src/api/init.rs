@@ -70,9 +70,9 @@ use crate::http::{Action, Head, Response};
 /// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). Have, but
 ///   0.6.2 also means everything above.
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd:
-///   have (SPEC §9b), but for `process.Process/StreamInput`, which no SDK sends. Their SDK
-///   gates below 0.5.12 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2
-///   `close_stdin`) are therefore open; those above (0.6.3 entries in watch events, 0.6.4
+///   have (SPEC §9b), `StreamInput` as a half-duplex client stream. Their SDK gates below
+///   0.5.12 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
+///   are therefore open; those above (0.6.3 entries in watch events, 0.6.4
 ///   `allowNetworkMounts`), which sandboxd has too, wait for the level.
 ///
 /// Hence 0.5.12, the last level before the first gap (0.5.13): with it the SDKs send raw

@@ -13,40 +13,59 @@ use base64::Engine as _;
 use crate::app::App;
 use crate::connect::{self, Call, Code, Error, Shape, Stream};
 use crate::fs::FsError;
-use crate::http::{Action, Head, Response};
+use crate::http::{Action, BodySink, Head, Response};
 
 /// Runs a method once its request body is collected: the app, the call, its head, the method,
 /// the caller's user name (`None`: the default user) and the body.
 pub type Run = fn(&Arc<App>, &Call, &Head, &str, Option<&str>, &[u8]) -> Result<Response, Error>;
 
-/// Starts a call to `service`/`method`. In order: the token (else `unauthenticated`), what the
-/// service says of the method (`shape`: whether it streams its answer, or why it is refused),
-/// the call's framing matching it (else `unimplemented`), the user; then the request message is
-/// collected (in the event loop) and given to `run`.
+/// How a method takes its request and gives its answer.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    /// One request message, one answer (`application/json`).
+    Unary,
+    /// One request message, a stream of answers (`application/connect+json`).
+    ServerStream,
+    /// A stream of request messages (`application/connect+json`), taken by the sink this
+    /// makes as the body arrives; one answer at its end.
+    ClientStream(fn() -> Box<dyn BodySink>),
+}
+
+/// Starts a call to `service`/`method`, one of `methods`. In order: the token (else
+/// `unauthenticated`), the method (else `unimplemented`), the call's framing matching its kind
+/// (else `unimplemented`), the user; then a client stream's body goes to its sink as it
+/// arrives, and any other request message is collected (in the event loop) and given to `run`.
 pub fn begin(
     app: &Arc<App>,
     head: &Head,
     service: &str,
     method: &str,
-    shape: impl FnOnce(&str) -> Result<Shape, Error>,
+    methods: &[(&str, Kind)],
     run: Run,
 ) -> Action {
     let refuse = |error: Error| Action::Respond(error.into_response());
     if let Err(error) = app.require_token(head) {
         return refuse(Error::new(Code::Unauthenticated, error.to_string()));
     }
-    let expected = match shape(method) {
-        Ok(expected) => expected,
-        Err(error) => return refuse(error),
+    let Some(&(_, kind)) = methods.iter().find(|(name, _)| *name == method) else {
+        return refuse(Error::new(
+            Code::Unimplemented,
+            format!("{service}/{method} is not a method of {service}"),
+        ));
     };
     let call = match Call::from_head(head) {
         Ok(call) => call,
         Err(response) => return Action::Respond(response),
     };
+    let (expected, what) = match kind {
+        Kind::Unary => (Shape::Unary, "a unary"),
+        Kind::ServerStream => (Shape::ServerStream, "a server-streaming"),
+        Kind::ClientStream(_) => (Shape::ServerStream, "a client-streaming"),
+    };
     if call.shape != expected {
-        let (what, send) = match expected {
-            Shape::Unary => ("a unary", "application/json"),
-            Shape::ServerStream => ("a server-streaming", "application/connect+json"),
+        let send = match expected {
+            Shape::Unary => "application/json",
+            Shape::ServerStream => "application/connect+json",
         };
         return refuse(Error::new(
             Code::Unimplemented,
@@ -57,6 +76,9 @@ pub fn begin(
         Ok(username) => username,
         Err(error) => return refuse(error),
     };
+    if let Kind::ClientStream(sink) = kind {
+        return Action::Consume(sink());
+    }
     let app = Arc::clone(app);
     let method = method.to_string();
     Action::Collect {
@@ -66,14 +88,6 @@ pub fn begin(
                 .unwrap_or_else(Error::into_response)
         }),
     }
-}
-
-/// A method `service` does not have.
-pub fn unknown_method(service: &str, method: &str) -> Error {
-    Error::new(
-        Code::Unimplemented,
-        format!("{service}/{method} is not a method of {service}"),
-    )
 }
 
 /// The request header carrying the keep-alive interval in seconds.

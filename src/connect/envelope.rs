@@ -21,8 +21,17 @@ pub fn encode(flags: u8, message: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Replaces `out` with one envelope around the message `write` appends to it.
+pub fn encode_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>)) {
+    out.clear();
+    out.extend_from_slice(&[flags, 0, 0, 0, 0]);
+    write(out);
+    // As in `encode`: a message past u32 cannot be framed at all.
+    let len = u32::try_from(out.len() - PREFIX).unwrap_or(u32::MAX);
+    out[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+}
+
 /// A received envelope.
-#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, PartialEq, Eq)]
 pub struct Envelope {
     pub flags: u8,
@@ -30,13 +39,11 @@ pub struct Envelope {
 }
 
 /// Splits a byte stream into envelopes, whatever the pieces it arrives in.
-#[allow(dead_code)] // for client streams: the process service's StreamInput (issue 15)
 #[derive(Debug, Default)]
 pub struct Decoder {
     buffer: Vec<u8>,
 }
 
-#[allow(dead_code)]
 impl Decoder {
     /// Takes in `bytes`; returns the envelopes they complete, in order.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Envelope>, Error> {
@@ -150,6 +157,9 @@ mod tests {
     #[test]
     fn encoding_is_flags_length_message() {
         assert_eq!(encode(2, b"{}"), vec![2, 0, 0, 0, 2, b'{', b'}']);
+        let mut written = b"old".to_vec();
+        encode_into(&mut written, 0, |out| out.extend_from_slice(b"{\"a\":1}"));
+        assert_eq!(written, encode(0, b"{\"a\":1}"));
     }
 
     #[test]

@@ -1,12 +1,21 @@
 //! The answer of a server-streaming call: `200`, `application/connect+json`, enveloped messages
 //! pushed by a producer over time, then the end-of-stream message with the call's outcome.
 
+use std::cell::RefCell;
+
 use serde::Serialize;
 
 use super::envelope::{self, END_STREAM};
 use super::Error;
 use crate::http::stream::{self, SendError, StreamSender};
 use crate::http::{Response, ResponseBody};
+
+/// Largest message buffer a thread keeps between messages.
+const SCRATCH_KEPT: usize = 1 << 20;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The producer's end of a streaming answer. Dropped without [`Stream::finish`], the answer is
 /// cut off without its end-of-stream message, which clients read as a broken call.
@@ -30,6 +39,28 @@ impl Stream {
         // stream could not honestly go on.
         let json = serde_json::to_vec(message).map_err(|_| SendError::Closed)?;
         self.sender.send(&envelope::encode(0, &json))
+    }
+
+    /// Queues one message whose JSON `write` appends to the buffer it is given: for large
+    /// messages, written straight into their envelope (in a buffer the thread keeps, so a busy
+    /// producer allocates nothing per message) instead of through a serde value.
+    pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), SendError> {
+        SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut buffer) => {
+                envelope::encode_into(&mut buffer, 0, write);
+                let sent = self.sender.send(&buffer);
+                if buffer.capacity() > SCRATCH_KEPT {
+                    *buffer = Vec::new();
+                }
+                sent
+            }
+            // Only if `write` itself sent on this thread: no scratch to share, a buffer of its own.
+            Err(_) => {
+                let mut buffer = Vec::new();
+                envelope::encode_into(&mut buffer, 0, write);
+                self.sender.send(&buffer)
+            }
+        })
     }
 
     /// Whether a message of `bytes` would fit in the queue now (or the client is gone). If not,

@@ -145,7 +145,8 @@ fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
     process.subscribers.retain_mut(|s| s.output(kind, bytes));
 }
 
-/// Reads what one output holds, while its subscribers have room.
+/// Reads what one output holds, while its subscribers have room: each chunk as full as the
+/// descriptor allows now, so a fast writer's small writes travel as few large events.
 fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake) {
     for _ in 0..READS_PER_TURN {
         if !all_ready(process, wake) {
@@ -157,23 +158,47 @@ fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake)
         let (kind, Some(file)) = (output.kind, output.file.clone()) else {
             return;
         };
-        match (&*file).read(buf) {
-            Ok(0) => return close_output(process, index),
-            Ok(n) => deliver(process, kind, &buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+        let (filled, after) = fill(&file, buf, kind, process.pid);
+        if filled > 0 {
+            deliver(process, kind, &buf[..filled]);
+        }
+        match after {
+            Filled::Full => {}
+            Filled::Drained => return,
+            Filled::End => return close_output(process, index),
+        }
+    }
+}
+
+/// Why [`fill`] stopped.
+enum Filled {
+    /// The buffer is full; there may be more.
+    Full,
+    /// Nothing more for now.
+    Drained,
+    /// End of file (or an error, which ends the output too).
+    End,
+}
+
+/// Reads into `buf` until it is full, the descriptor has nothing more now, or it ends.
+fn fill(file: &File, buf: &mut [u8], kind: OutputKind, pid: u32) -> (usize, Filled) {
+    let mut filled = 0;
+    while let Some(free) = buf.get_mut(filled..).filter(|free| !free.is_empty()) {
+        match (&*file).read(free) {
+            Ok(0) => return (filled, Filled::End),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (filled, Filled::Drained),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 // A terminal's master reads EIO once no slave is open: its end of file.
                 if !(kind == OutputKind::Pty && e.raw_os_error() == Some(libc::EIO)) {
-                    log::line(format_args!(
-                        "process {}: reading its output: {e}",
-                        process.pid
-                    ));
+                    log::line(format_args!("process {pid}: reading its output: {e}"));
                 }
-                return close_output(process, index);
+                return (filled, Filled::End);
             }
         }
     }
+    (filled, Filled::Full)
 }
 
 fn close_output(process: &mut Process, index: usize) {

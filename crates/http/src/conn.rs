@@ -787,6 +787,9 @@ impl Conn {
                                 );
                                 sending.out.extend_from_slice(&bytes);
                                 sending.out.extend_from_slice(b"\r\n");
+                                // Copied: its allocation goes back to the queue, which then
+                                // does not grow anew for every batch.
+                                source.recycle(bytes);
                             } else {
                                 sending.out = bytes;
                             }

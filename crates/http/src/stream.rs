@@ -15,6 +15,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Largest queue allocation a stream keeps for reuse.
+const RECYCLE_MAX: usize = 512 << 10;
+
 /// Wakes a connection parked while its producer had nothing. Called at most once.
 pub(crate) type Waker = Box<dyn FnOnce() + Send>;
 
@@ -198,6 +201,25 @@ impl StreamSource {
     }
 }
 
+impl StreamSource {
+    /// Gives back a buffer [`poll`](Self::poll) handed out, once its bytes were copied: it
+    /// becomes the queue again if the queue is still empty, so a busy stream reuses one
+    /// allocation instead of growing a new queue for every batch (an allocator may return
+    /// large blocks to the kernel on each free, and fault them in again on each use).
+    /// A buffer over [`RECYCLE_MAX`] is dropped instead: what a stream may keep is bounded,
+    /// also while it idles.
+    pub(crate) fn recycle(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() > RECYCLE_MAX {
+            return;
+        }
+        let mut state = self.shared.lock();
+        if state.queued.is_empty() && buffer.capacity() > state.queued.capacity() {
+            buffer.clear();
+            state.queued = buffer;
+        }
+    }
+}
+
 impl Drop for StreamSource {
     fn drop(&mut self) {
         let producer = {
@@ -294,6 +316,34 @@ mod tests {
         drop(source);
         assert_eq!(room.load(Ordering::SeqCst), 2);
         assert!(sender.wait_for_room(1, || unreachable!("gone: a send fails at once")));
+    }
+
+    #[test]
+    fn a_recycled_buffer_becomes_the_queue_when_it_is_empty() {
+        let (sender, source) = channel(64);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        sender.send(&[7; 40]).unwrap();
+        let Poll::Data(taken) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        let capacity = taken.capacity();
+        source.recycle(taken);
+        sender.send(b"next").unwrap();
+        let Poll::Data(again) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(again, b"next");
+        assert_eq!(again.capacity(), capacity, "the same allocation");
+        // Not a buffer over the bound.
+        source.recycle(Vec::with_capacity(RECYCLE_MAX + 1));
+        assert!(source.shared.lock().queued.capacity() <= RECYCLE_MAX);
+        // Not when bytes were queued meanwhile: they stay, in order.
+        sender.send(b"a").unwrap();
+        source.recycle(vec![0; 10]);
+        let Poll::Data(kept) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(kept, b"a");
     }
 
     #[test]

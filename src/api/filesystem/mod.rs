@@ -16,9 +16,9 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::rpc::{self, api_error, failed, keepalive_interval};
+use super::rpc::{self, api_error, failed, keepalive_interval, Kind};
 use crate::app::{App, Resolver};
-use crate::connect::{self, Call, Code, Error, Shape};
+use crate::connect::{self, Call, Code, Error};
 use crate::fs::owners::Owners;
 use crate::fs::users::User;
 use crate::http::{Action, Head, Response};
@@ -28,25 +28,21 @@ use messages::{Empty, EntryInfo, ListDirRequest, MoveRequest, PathRequest};
 pub const SERVICE: &str = "filesystem.Filesystem";
 
 /// The methods of envd's service; `WatchDir` is the one whose answer is a stream.
-const METHODS: [(&str, Shape); 9] = [
-    ("Stat", Shape::Unary),
-    ("MakeDir", Shape::Unary),
-    ("Move", Shape::Unary),
-    ("ListDir", Shape::Unary),
-    ("Remove", Shape::Unary),
-    ("WatchDir", Shape::ServerStream),
-    ("CreateWatcher", Shape::Unary),
-    ("GetWatcherEvents", Shape::Unary),
-    ("RemoveWatcher", Shape::Unary),
+const METHODS: [(&str, Kind); 9] = [
+    ("Stat", Kind::Unary),
+    ("MakeDir", Kind::Unary),
+    ("Move", Kind::Unary),
+    ("ListDir", Kind::Unary),
+    ("Remove", Kind::Unary),
+    ("WatchDir", Kind::ServerStream),
+    ("CreateWatcher", Kind::Unary),
+    ("GetWatcherEvents", Kind::Unary),
+    ("RemoveWatcher", Kind::Unary),
 ];
 
 /// Starts a call to `method` of the service; its request message is collected, then run.
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
-    let shape = |method: &str| match METHODS.iter().find(|(name, _)| *name == method) {
-        Some((_, shape)) => Ok(*shape),
-        None => Err(rpc::unknown_method(SERVICE, method)),
-    };
-    rpc::begin(app, head, SERVICE, method, shape, run)
+    rpc::begin(app, head, SERVICE, method, &METHODS, run)
 }
 
 fn run(

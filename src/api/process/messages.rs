@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize, Serializer};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
 
 use crate::connect::json::{self, int32};
 use crate::connect::Error;
@@ -176,46 +178,37 @@ pub struct Empty {}
 
 /// `StartResponse` and `ConnectResponse`: one `ProcessEvent`.
 #[derive(Serialize)]
-pub struct EventResponse<'a> {
-    pub event: Event<'a>,
+pub struct EventResponse {
+    pub event: Event,
 }
 
-/// `ProcessEvent`, a oneof.
+/// `ProcessEvent`, a oneof (`data`, the bulk of a stream, is written by [`write_data_event`]).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum Event<'a> {
+pub enum Event {
     Start { pid: u32 },
-    Data(Data<'a>),
     End(EndEvent),
     Keepalive {},
 }
 
-/// `ProcessEvent.DataEvent`, a oneof of `stdout`, `stderr` and `pty` bytes.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Data<'a> {
-    Stdout(Base64<'a>),
-    Stderr(Base64<'a>),
-    Pty(Base64<'a>),
-}
-
-impl<'a> Data<'a> {
-    pub fn new(kind: OutputKind, bytes: &'a [u8]) -> Data<'a> {
-        match kind {
-            OutputKind::Stdout => Data::Stdout(Base64(bytes)),
-            OutputKind::Stderr => Data::Stderr(Base64(bytes)),
-            OutputKind::Pty => Data::Pty(Base64(bytes)),
-        }
-    }
-}
-
-/// Bytes written as proto3 JSON writes `bytes`.
-pub struct Base64<'a>(pub &'a [u8]);
-
-impl Serialize for Base64<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        json::bytes::serialize(self.0, serializer)
-    }
+/// Appends the JSON of `{"event":{"data":{"stdout":"<base64>"}}}` (or `stderr`, `pty`) to
+/// `out`, the base64 written straight into it: no intermediate string or value for what is
+/// most of a busy process's stream.
+pub fn write_data_event(out: &mut Vec<u8>, kind: OutputKind, bytes: &[u8]) {
+    let field: &[u8] = match kind {
+        OutputKind::Stdout => b"stdout",
+        OutputKind::Stderr => b"stderr",
+        OutputKind::Pty => b"pty",
+    };
+    out.extend_from_slice(br#"{"event":{"data":{""#);
+    out.extend_from_slice(field);
+    out.extend_from_slice(br#"":""#);
+    let start = out.len();
+    let encoded = base64::encoded_len(bytes.len(), true).unwrap_or(0);
+    out.resize(start + encoded, 0);
+    let written = STANDARD.encode_slice(bytes, &mut out[start..]).unwrap_or(0);
+    out.truncate(start + written);
+    out.extend_from_slice(br#""}}}"#);
 }
 
 /// `ProcessEvent.EndEvent`, as envd fills it from Go's `ProcessState`.
@@ -253,6 +246,7 @@ fn optional_u32<'de, D: serde::Deserializer<'de>>(
 mod tests {
     use super::*;
     use crate::sys::process::WaitStatus;
+    use serde_json::json;
 
     #[test]
     fn requests_read_as_the_sdks_send_them() {
@@ -313,12 +307,17 @@ mod tests {
     #[test]
     fn events_are_envds_oneofs() {
         let json = |event: Event| serde_json::to_string(&EventResponse { event }).unwrap();
+        let data = |kind, bytes: &[u8]| {
+            let mut out = Vec::new();
+            write_data_event(&mut out, kind, bytes);
+            String::from_utf8(out).unwrap()
+        };
         assert_eq!(
             json(Event::Start { pid: 7 }),
             r#"{"event":{"start":{"pid":7}}}"#
         );
         assert_eq!(
-            json(Event::Data(Data::new(OutputKind::Stderr, b"hi"))),
+            data(OutputKind::Stderr, b"hi"),
             r#"{"event":{"data":{"stderr":"aGk="}}}"#
         );
         assert_eq!(
@@ -334,5 +333,22 @@ mod tests {
             r#"{"event":{"end":{"exitCode":-1,"exited":false,"status":"signal: killed","error":"signal: killed"}}}"#
         );
         assert_eq!(json(Event::Keepalive {}), r#"{"event":{"keepalive":{}}}"#);
+    }
+
+    #[test]
+    fn data_events_written_directly_are_serdes_text() {
+        for kind in [OutputKind::Stdout, OutputKind::Stderr, OutputKind::Pty] {
+            for bytes in [&b""[..], b"a", b"ab", b"abc", &[0xff; 1000]] {
+                let mut direct = Vec::new();
+                write_data_event(&mut direct, kind, bytes);
+                let field = match kind {
+                    OutputKind::Stdout => "stdout",
+                    OutputKind::Stderr => "stderr",
+                    OutputKind::Pty => "pty",
+                };
+                let reference = json!({"event": {"data": {field: STANDARD.encode(bytes)}}});
+                assert_eq!(String::from_utf8(direct).unwrap(), reference.to_string());
+            }
+        }
     }
 }

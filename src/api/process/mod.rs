@@ -3,18 +3,14 @@
 //! `pty.create` / `resize` / `send_input` call.
 //!
 //! This module owns the service: which methods exist and how each travels (server streams,
-//! unary calls; `StreamInput`, a client stream, is refused, see below), who the caller is (the
-//! token, then the user of `Authorization: Basic`, else the default user), and how the process
-//! hub's errors become Connect codes with envd's words. The messages are `messages`', `Start`
-//! and `Connect` `start`'s, their streams `stream`'s, the unary methods `ops`'. Processes
+//! unary calls, and `StreamInput`, a client stream whose body is taken as it arrives), who the
+//! caller is (the token, then the user of `Authorization: Basic`, else the default user), and
+//! how the process hub's errors become Connect codes with envd's words. The messages are
+//! `messages`', `Start` and `Connect` `start`'s, their streams `stream`'s, the unary methods
+//! `ops`', `StreamInput` `input_stream`'s (with what HTTP/1.1 allows of it). Processes
 //! themselves are `proc`'s.
-//!
-//! **`StreamInput`** (a client stream: input messages over one request body, one answer at the
-//! end) is answered `unimplemented`: over HTTP/1.1 it would be a chunked request body held open
-//! for as long as the user types, which the HTTP layer cuts at its body timeouts (30 s without
-//! a byte, less than 500 bytes/s on average), and neither SDK sends it (both use `SendInput`,
-//! one call per input, over HTTP/1.1). The answer names `SendInput`.
 
+mod input_stream;
 mod messages;
 mod ops;
 mod start;
@@ -22,23 +18,15 @@ mod stream;
 
 use std::sync::Arc;
 
-use crate::api::rpc::{self, failed, keepalive_interval};
+use crate::api::rpc::{self, failed, keepalive_interval, Kind};
 use crate::app::App;
-use crate::connect::{self, Call, Code, Error, Shape};
+use crate::connect::{self, Call, Code, Error};
 use crate::http::{Action, Head, Response};
 use crate::proc::{Hub, ProcError};
+use input_stream::InputSink;
 
 /// The service's name in Connect paths.
 pub const SERVICE: &str = "process.Process";
-
-/// How a method's messages travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Unary,
-    ServerStream,
-    /// Not served (see the module documentation).
-    ClientStream,
-}
 
 /// The methods of envd's service.
 const METHODS: [(&str, Kind); 8] = [
@@ -46,7 +34,7 @@ const METHODS: [(&str, Kind); 8] = [
     ("Connect", Kind::ServerStream),
     ("Start", Kind::ServerStream),
     ("Update", Kind::Unary),
-    ("StreamInput", Kind::ClientStream),
+    ("StreamInput", Kind::ClientStream(InputSink::boxed)),
     ("SendInput", Kind::Unary),
     ("SendSignal", Kind::Unary),
     ("CloseStdin", Kind::Unary),
@@ -54,20 +42,7 @@ const METHODS: [(&str, Kind); 8] = [
 
 /// Starts a call to `method` of the service; its request message is collected, then run.
 pub fn begin(app: &Arc<App>, head: &Head, method: &str) -> Action {
-    let shape = |method: &str| match METHODS.iter().find(|(name, _)| *name == method) {
-        Some((_, Kind::Unary)) => Ok(Shape::Unary),
-        Some((_, Kind::ServerStream)) => Ok(Shape::ServerStream),
-        Some((_, Kind::ClientStream)) => Err(Error::new(
-            Code::Unimplemented,
-            format!(
-                "{SERVICE}/{method} is not implemented by sandboxd: a client stream needs a \
-                 request body held open, which HTTP/1.1 cuts at its body timeouts; send input \
-                 with {SERVICE}/SendInput"
-            ),
-        )),
-        None => Err(rpc::unknown_method(SERVICE, method)),
-    };
-    rpc::begin(app, head, SERVICE, method, shape, run)
+    rpc::begin(app, head, SERVICE, method, &METHODS, run)
 }
 
 fn run(

@@ -20,7 +20,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::messages::{Data, EndEvent, Event, EventResponse};
+use super::messages::{write_data_event, EndEvent, Event, EventResponse};
 use crate::connect::{Code, Error, Stream};
 use crate::http::stream::SendError;
 use crate::http::Response;
@@ -77,11 +77,17 @@ impl ProcessStream {
     }
 
     /// Queues an event; false when the stream has ended (now or before).
-    fn send(&mut self, event: Event<'_>) -> bool {
+    fn send(&mut self, event: Event) -> bool {
         let Some(stream) = &self.stream else {
             return false;
         };
-        match stream.send(&EventResponse { event }) {
+        let sent = stream.send(&EventResponse { event });
+        self.sent(sent)
+    }
+
+    /// Follows up a send: the time of the last message, or the end of the stream.
+    fn sent(&mut self, outcome: Result<(), SendError>) -> bool {
+        match outcome {
             Ok(()) => {
                 self.last_sent = Instant::now();
                 true
@@ -127,7 +133,11 @@ impl Subscriber for ProcessStream {
     }
 
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
-        self.send(Event::Data(Data::new(kind, bytes)))
+        let Some(stream) = &self.stream else {
+            return false;
+        };
+        let sent = stream.send_with(|out| write_data_event(out, kind, bytes));
+        self.sent(sent)
     }
 
     fn next_tick(&self) -> Option<Instant> {
