@@ -1,11 +1,14 @@
 //! What envd's two Connect services (`filesystem.Filesystem`, `process.Process`, SPEC §9b)
 //! share above the protocol: how a call starts ([`begin`]: the token, the method, its framing,
-//! the caller's user from `Authorization: Basic`, the collected request), the keep-alive
-//! interval of their streams, the answer of a stream that failed before it began, and how the
-//! shared file layer's errors become Connect codes.
+//! the caller's user from `Authorization: Basic`, the collected request), the life of their
+//! streams ([`LiveStream`]: a full queue, the client's leaving, the deadline, keep-alives at
+//! the interval the client asked for), the answer of a stream that failed before it began, and
+//! how the shared file layer's errors become Connect codes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -13,6 +16,7 @@ use base64::Engine as _;
 use crate::app::App;
 use crate::connect::{self, Call, Code, Error, Shape, Stream};
 use crate::fs::FsError;
+use crate::http::stream::SendError;
 use crate::http::{Action, BodySink, Head, Response};
 
 /// Runs a method once its request body is collected: the app, the call, its head, the method,
@@ -87,6 +91,135 @@ pub fn begin(
             run(&app, &call, head, &method, username.as_deref(), &body)
                 .unwrap_or_else(Error::into_response)
         }),
+    }
+}
+
+/// How often a live stream looks whether its client is still there.
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// A service's streaming answer while it lives: the stream (gone once ended), the keep-alive
+/// due `keepalive` after the last message queued, the call's deadline (`Connect-Timeout-Ms`),
+/// and a look at the client every [`CHECK_EVERY`]. Its producer (a watch, a process) calls
+/// [`check`](Self::check) and [`keep_alive`](Self::keep_alive) when [`next_tick`](Self::next_tick)
+/// comes, and adds its own conditions between them.
+pub struct LiveStream {
+    /// `None` once ended.
+    stream: Option<Stream>,
+    queue_bytes: usize,
+    /// Said after a client's queue filled: what that ends.
+    when_full: &'static str,
+    keepalive: Duration,
+    last_sent: Instant,
+    next_check: Instant,
+    deadline: Option<Instant>,
+}
+
+impl LiveStream {
+    /// A stream holding at most `queue_bytes` its client has not taken, and the answer carrying
+    /// it; nothing is queued yet.
+    pub fn open(
+        queue_bytes: usize,
+        when_full: &'static str,
+        keepalive: Duration,
+        timeout: Option<Duration>,
+    ) -> (LiveStream, Response) {
+        let (stream, response) = Stream::open(queue_bytes);
+        let now = Instant::now();
+        let live = LiveStream {
+            stream: Some(stream),
+            queue_bytes,
+            when_full,
+            keepalive,
+            last_sent: now,
+            next_check: now + CHECK_EVERY,
+            deadline: timeout.and_then(|timeout| now.checked_add(timeout)),
+        };
+        (live, response)
+    }
+
+    /// The stream, until it ended.
+    pub fn stream(&self) -> Option<&Stream> {
+        self.stream.as_ref()
+    }
+
+    /// Queues a message; false when the stream has ended (now or before). A full queue ends it
+    /// with `resource_exhausted`.
+    pub fn send<T: Serialize>(&mut self, message: &T) -> bool {
+        self.send_with(|stream| stream.send(message))
+    }
+
+    /// Queues a message `write` writes into its envelope (as [`Stream::send_with`]); as
+    /// [`send`](Self::send) otherwise.
+    pub fn send_raw(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> bool {
+        self.send_with(|stream| stream.send_with(write))
+    }
+
+    fn send_with(&mut self, send: impl FnOnce(&Stream) -> Result<(), SendError>) -> bool {
+        let Some(stream) = &self.stream else {
+            return false;
+        };
+        match send(stream) {
+            Ok(()) => {
+                self.last_sent = Instant::now();
+                true
+            }
+            Err(SendError::Full) => {
+                let message = format!(
+                    "the client is not reading fast enough: {} KiB of events waited for it{}",
+                    self.queue_bytes >> 10,
+                    self.when_full
+                );
+                self.finish(Err(Error::new(Code::ResourceExhausted, message)));
+                false
+            }
+            Err(SendError::Closed) => {
+                self.stream = None;
+                false
+            }
+        }
+    }
+
+    /// Ends the stream with its end-of-stream message (once).
+    pub fn finish(&mut self, outcome: Result<(), Error>) {
+        if let Some(stream) = self.stream.take() {
+            stream.finish(outcome);
+        }
+    }
+
+    /// When the next look is due: a keep-alive, the client, the deadline.
+    pub fn next_tick(&self) -> Instant {
+        let next = (self.last_sent + self.keepalive).min(self.next_check);
+        self.deadline.map_or(next, |deadline| next.min(deadline))
+    }
+
+    /// What every look checks; false when the stream is over: the client left, or the
+    /// deadline passed (then it is ended with `deadline_exceeded`).
+    pub fn check(&mut self, now: Instant) -> bool {
+        let Some(stream) = &self.stream else {
+            return false;
+        };
+        if stream.is_closed() {
+            self.stream = None;
+            return false;
+        }
+        if self.deadline.is_some_and(|deadline| deadline <= now) {
+            self.finish(Err(Error::new(
+                Code::DeadlineExceeded,
+                "the call's deadline (Connect-Timeout-Ms) has passed",
+            )));
+            return false;
+        }
+        true
+    }
+
+    /// Queues `keepalive` when one is due, and schedules the next look; false when the stream
+    /// is over.
+    pub fn keep_alive<T: Serialize>(&mut self, now: Instant, keepalive: &T) -> bool {
+        if now >= self.last_sent + self.keepalive && !self.send(keepalive) {
+            return false;
+        }
+        self.next_check = now + CHECK_EVERY;
+        true
     }
 }
 

@@ -13,16 +13,16 @@
 //!   `Connect` stream may hold it back, not freeze it).
 //! - The call's deadline (`Connect-Timeout-Ms`) ends the stream with `deadline_exceeded`; a
 //!   `Start` call's also kills the process, as envd's does (the hub's business).
-//! - A client that leaves is noticed within [`CHECK_EVERY`] (or at the next output); the
-//!   process keeps running.
+//! - A client that leaves is noticed within a second, `rpc::CHECK_EVERY` (or at the next
+//!   output); the process keeps running.
 //! - When the daemon shuts down, a stream whose process has not ended within the hub's grace
 //!   ends with `unavailable`.
 
 use std::time::{Duration, Instant};
 
 use super::messages::{write_data_event, EndEvent, Event, EventResponse};
-use crate::connect::{Code, Error, Stream};
-use crate::http::stream::SendError;
+use crate::api::rpc::LiveStream;
+use crate::connect::{Code, Error};
 use crate::http::Response;
 use crate::proc::{Exit, OutputKind, Subscriber, Wake, CHUNK};
 
@@ -33,17 +33,10 @@ const MAX_EVENT: usize = CHUNK.div_ceil(3) * 4 + 64;
 const _: () = assert!(MAX_EVENT < QUEUE_BYTES);
 /// How long a client may take nothing while output waits for it.
 pub const STALL: Duration = Duration::from_secs(10);
-/// How often a stream looks whether its client is still there.
-pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// One stream of a process's events.
 pub struct ProcessStream {
-    /// `None` once ended.
-    stream: Option<Stream>,
-    keepalive: Duration,
-    last_sent: Instant,
-    next_check: Instant,
-    deadline: Option<Instant>,
+    live: LiveStream,
     /// Since when output has waited for room in the queue.
     blocked_since: Option<Instant>,
 }
@@ -51,14 +44,9 @@ pub struct ProcessStream {
 impl ProcessStream {
     /// A stream and the answer carrying it; nothing is queued yet.
     pub fn open(keepalive: Duration, timeout: Option<Duration>) -> (ProcessStream, Response) {
-        let (stream, response) = Stream::open(QUEUE_BYTES);
-        let now = Instant::now();
+        let (live, response) = LiveStream::open(QUEUE_BYTES, "", keepalive, timeout);
         let stream = ProcessStream {
-            stream: Some(stream),
-            keepalive,
-            last_sent: now,
-            next_check: now + CHECK_EVERY,
-            deadline: timeout.and_then(|timeout| now.checked_add(timeout)),
+            live,
             blocked_since: None,
         };
         (stream, response)
@@ -72,53 +60,19 @@ impl ProcessStream {
     /// Queues the end event and ends the stream.
     pub fn ended(&mut self, exit: Exit) {
         if self.send(Event::End(EndEvent::from(exit))) {
-            self.finish(Ok(()));
+            self.live.finish(Ok(()));
         }
     }
 
     /// Queues an event; false when the stream has ended (now or before).
     fn send(&mut self, event: Event) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        let sent = stream.send(&EventResponse { event });
-        self.sent(sent)
-    }
-
-    /// Follows up a send: the time of the last message, or the end of the stream.
-    fn sent(&mut self, outcome: Result<(), SendError>) -> bool {
-        match outcome {
-            Ok(()) => {
-                self.last_sent = Instant::now();
-                true
-            }
-            Err(SendError::Full) => {
-                self.finish(Err(Error::new(
-                    Code::ResourceExhausted,
-                    format!(
-                        "the client is not reading fast enough: {} KiB of events waited for it",
-                        QUEUE_BYTES >> 10
-                    ),
-                )));
-                false
-            }
-            Err(SendError::Closed) => {
-                self.stream = None;
-                false
-            }
-        }
-    }
-
-    fn finish(&mut self, outcome: Result<(), Error>) {
-        if let Some(stream) = self.stream.take() {
-            stream.finish(outcome);
-        }
+        self.live.send(&EventResponse { event })
     }
 }
 
 impl Subscriber for ProcessStream {
     fn ready(&mut self, wake: &Wake) -> bool {
-        let Some(stream) = &self.stream else {
+        let Some(stream) = self.live.stream() else {
             // Ended: the next output drops it.
             return true;
         };
@@ -133,41 +87,23 @@ impl Subscriber for ProcessStream {
     }
 
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        let sent = stream.send_with(|out| write_data_event(out, kind, bytes));
-        self.sent(sent)
+        self.live.send_raw(|out| write_data_event(out, kind, bytes))
     }
 
     fn next_tick(&self) -> Option<Instant> {
-        let mut next = (self.last_sent + self.keepalive).min(self.next_check);
-        if let Some(deadline) = self.deadline {
-            next = next.min(deadline);
-        }
-        if let Some(since) = self.blocked_since {
-            next = next.min(since + STALL);
-        }
-        Some(next)
+        let next = self.live.next_tick();
+        Some(
+            self.blocked_since
+                .map_or(next, |since| next.min(since + STALL)),
+        )
     }
 
     fn tick(&mut self, now: Instant) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        if stream.is_closed() {
-            self.stream = None;
-            return false;
-        }
-        if self.deadline.is_some_and(|deadline| deadline <= now) {
-            self.finish(Err(Error::new(
-                Code::DeadlineExceeded,
-                "the call's deadline (Connect-Timeout-Ms) has passed",
-            )));
+        if !self.live.check(now) {
             return false;
         }
         if self.blocked_since.is_some_and(|since| since + STALL <= now) {
-            self.finish(Err(Error::new(
+            self.live.finish(Err(Error::new(
                 Code::ResourceExhausted,
                 format!(
                     "the client is not reading fast enough: it took nothing for {} s while the \
@@ -177,11 +113,12 @@ impl Subscriber for ProcessStream {
             )));
             return false;
         }
-        if now >= self.last_sent + self.keepalive && !self.send(Event::Keepalive {}) {
-            return false;
-        }
-        self.next_check = now + CHECK_EVERY;
-        true
+        self.live.keep_alive(
+            now,
+            &EventResponse {
+                event: Event::Keepalive {},
+            },
+        )
     }
 
     fn end(mut self: Box<Self>, exit: Exit) {
@@ -189,7 +126,7 @@ impl Subscriber for ProcessStream {
     }
 
     fn abort(mut self: Box<Self>) {
-        self.finish(Err(Error::new(
+        self.live.finish(Err(Error::new(
             Code::Unavailable,
             "sandboxd is shutting down",
         )));

@@ -11,12 +11,12 @@
 //!   the connection and the kernel's socket buffers hold). A client that lets it fill is ended
 //!   with `resource_exhausted`, after the events already queued, and its watch dropped: the
 //!   watcher never waits for a client and memory never grows with one.
-//! - A client that leaves is noticed within [`CHECK_EVERY`] (or at the next event), and its
-//!   watch dropped.
+//! - A client that leaves is noticed within a second, `rpc::CHECK_EVERY` (or at the next
+//!   event), and its watch dropped.
 //! - `Connect-Timeout-Ms` ends the stream with `deadline_exceeded` when it passes; the SDKs
 //!   send their watch timeout (60 s by default) this way.
-//! - When the daemon shuts down, streams end with `unavailable` within [`CHECK_EVERY`], so the
-//!   drain does not wait for them.
+//! - When the daemon shuts down, streams end with `unavailable` within a second, so the drain
+//!   does not wait for them.
 //! - A call that fails once its head is accepted (a bad request message, a path that is not a
 //!   directory, the watch limit) is answered 200 with only the end-of-stream error
 //!   (`api::rpc::failed`).
@@ -28,16 +28,14 @@ use serde::Serialize;
 
 use super::{directory, ended_error, hub, watch_error, Describe, FilesystemEvent, WatchRequest};
 use crate::api::filesystem::Caller;
+use crate::api::rpc::LiveStream;
 use crate::app::App;
-use crate::connect::{Call, Code, Error, Stream};
+use crate::connect::{Call, Code, Error};
 use crate::fs::watch::{Change, Ended, Sink};
-use crate::http::stream::SendError;
 use crate::http::Response;
 
 /// Bytes of messages a stream holds for a client that has not taken them.
 pub const QUEUE_BYTES: usize = 1 << 20;
-/// How often a stream looks whether its client is still there.
-pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A message of the stream (`WatchDirResponse`, a oneof).
 #[derive(Serialize)]
@@ -58,23 +56,19 @@ pub fn watch_dir(
 ) -> Result<Response, Error> {
     let dir = directory(&caller, &request)?;
     let hub = hub()?;
-    let (stream, response) = Stream::open(QUEUE_BYTES);
+    let (mut live, response) =
+        LiveStream::open(QUEUE_BYTES, "; the watch is ended", keepalive, call.timeout);
     // Queued first; nothing reaches the client before this answer is returned, and it is
     // returned once every directory is watched, so what the client does after `start` is seen.
-    stream
-        .send(&Message::Start {})
-        .map_err(|e| Error::new(Code::Internal, format!("error sending start event: {e}")))?;
-    let now = Instant::now();
+    if !live.send(&Message::Start {}) {
+        return Err(Error::new(Code::Internal, "error sending start event"));
+    }
     let sink = StreamSink {
-        stream: Some(stream),
+        live,
         describe: Describe {
             include_entry: request.include_entry,
             owners: caller.owners,
         },
-        keepalive,
-        last_sent: now,
-        next_check: now + CHECK_EVERY,
-        deadline: call.timeout.and_then(|timeout| now.checked_add(timeout)),
         app: Arc::clone(app),
     };
     hub.watch(&dir, request.recursive, Box::new(sink))
@@ -84,98 +78,37 @@ pub fn watch_dir(
 
 /// The producer of one WatchDir stream.
 struct StreamSink {
-    /// `None` once ended.
-    stream: Option<Stream>,
+    live: LiveStream,
     describe: Describe,
-    keepalive: Duration,
-    last_sent: Instant,
-    next_check: Instant,
-    deadline: Option<Instant>,
     app: Arc<App>,
-}
-
-impl StreamSink {
-    /// Queues a message; false when the stream has ended (now or before).
-    fn send(&mut self, message: &Message<'_>) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        match stream.send(message) {
-            Ok(()) => {
-                self.last_sent = Instant::now();
-                true
-            }
-            Err(SendError::Full) => {
-                self.finish(Err(Error::new(
-                    Code::ResourceExhausted,
-                    format!(
-                        "the client is not reading fast enough: {} KiB of events waited for it; \
-                         the watch is ended",
-                        QUEUE_BYTES >> 10
-                    ),
-                )));
-                false
-            }
-            Err(SendError::Closed) => {
-                self.stream = None;
-                false
-            }
-        }
-    }
-
-    fn finish(&mut self, outcome: Result<(), Error>) {
-        if let Some(stream) = self.stream.take() {
-            stream.finish(outcome);
-        }
-    }
 }
 
 impl Sink for StreamSink {
     fn deliver(&mut self, change: &Change<'_>) -> bool {
         let event = self.describe.event(change);
-        self.send(&Message::Filesystem(&event))
+        self.live.send(&Message::Filesystem(&event))
     }
 
     fn next_tick(&self) -> Option<Instant> {
-        let keepalive = self.last_sent + self.keepalive;
-        let mut next = keepalive.min(self.next_check);
-        if let Some(deadline) = self.deadline {
-            next = next.min(deadline);
-        }
-        Some(next)
+        Some(self.live.next_tick())
     }
 
     fn tick(&mut self, now: Instant) -> bool {
-        let Some(stream) = &self.stream else {
-            return false;
-        };
-        if stream.is_closed() {
-            self.stream = None;
+        if !self.live.check(now) {
             return false;
         }
         if self.app.is_shutting_down() {
-            self.finish(Err(Error::new(
+            self.live.finish(Err(Error::new(
                 Code::Unavailable,
                 "sandboxd is shutting down",
             )));
             return false;
         }
-        if self.deadline.is_some_and(|deadline| deadline <= now) {
-            self.finish(Err(Error::new(
-                Code::DeadlineExceeded,
-                "the call's deadline (Connect-Timeout-Ms) has passed",
-            )));
-            return false;
-        }
-        if now >= self.last_sent + self.keepalive && !self.send(&Message::Keepalive {}) {
-            return false;
-        }
-        self.next_check = now + CHECK_EVERY;
-        true
+        self.live.keep_alive(now, &Message::Keepalive {})
     }
 
     fn end(mut self: Box<Self>, ended: Ended) {
-        self.finish(Err(ended_error(ended)));
+        self.live.finish(Err(ended_error(ended)));
     }
 }
 
