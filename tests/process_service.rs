@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::common::connect::{unary, Message, Stream, AS_USER, WAIT};
@@ -15,13 +14,11 @@ use crate::common::{root_or_skip, start, Daemon, USER_GID, USER_UID};
 const START: &str = "process.Process/Start";
 
 fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+    base64_simd::STANDARD.encode_to_string(bytes)
 }
 
 fn unb64(text: &str) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .unwrap()
+    base64_simd::STANDARD.decode_to_vec(text).unwrap()
 }
 
 /// `Start` of `sh -c script`, with more request fields from `extra`.

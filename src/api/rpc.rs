@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
+use base64_simd::STANDARD;
 
 use crate::app::App;
 use crate::connect::{self, Call, Code, Error, Shape, Stream};
@@ -242,7 +241,9 @@ pub fn basic_user(head: &Head) -> Result<Option<String>, Error> {
         // Another scheme says nothing about the user: the default one.
         return Ok(None);
     }
-    let decoded = STANDARD.decode(credentials.trim()).map_err(|_| invalid())?;
+    let decoded = STANDARD
+        .decode_to_vec(credentials.trim())
+        .map_err(|_| invalid())?;
     let decoded = String::from_utf8(decoded).map_err(|_| invalid())?;
     let name = decoded
         .split_once(':')

@@ -5,8 +5,7 @@
 //! [`uint64`]), `bytes` as base64 ([`bytes`]), enums by name ([`proto_enum!`]) and
 //! `google.protobuf.Timestamp` as RFC 3339 ([`timestamp`]).
 
-use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-use base64::Engine as _;
+use base64_simd::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Serializer;
 use std::fmt;
@@ -187,7 +186,7 @@ pub mod bytes {
     use super::*;
 
     pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&STANDARD.encode(value))
+        serializer.serialize_str(&STANDARD.encode_to_string(value))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
@@ -199,7 +198,7 @@ pub mod bytes {
     pub fn decode(text: &str) -> Option<Vec<u8>> {
         [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
             .iter()
-            .find_map(|engine| engine.decode(text).ok())
+            .find_map(|engine| engine.decode_to_vec(text).ok())
     }
 }
 

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
+use base64_simd::STANDARD;
 use serde::{Deserialize, Serialize};
 
 use crate::connect::json::{self, int32};
@@ -203,11 +202,7 @@ pub fn write_data_event(out: &mut Vec<u8>, kind: OutputKind, bytes: &[u8]) {
     out.extend_from_slice(br#"{"event":{"data":{""#);
     out.extend_from_slice(field);
     out.extend_from_slice(br#"":""#);
-    let start = out.len();
-    let encoded = base64::encoded_len(bytes.len(), true).unwrap_or(0);
-    out.resize(start + encoded, 0);
-    let written = STANDARD.encode_slice(bytes, &mut out[start..]).unwrap_or(0);
-    out.truncate(start + written);
+    STANDARD.encode_append(bytes, out);
     out.extend_from_slice(br#""}}}"#);
 }
 
@@ -346,7 +341,8 @@ mod tests {
                     OutputKind::Stderr => "stderr",
                     OutputKind::Pty => "pty",
                 };
-                let reference = json!({"event": {"data": {field: STANDARD.encode(bytes)}}});
+                let reference =
+                    json!({"event": {"data": {field: STANDARD.encode_to_string(bytes)}}});
                 assert_eq!(String::from_utf8(direct).unwrap(), reference.to_string());
             }
         }
