@@ -434,7 +434,7 @@ fn a_stream_ends_with_unavailable_when_the_daemon_stops_and_does_not_hold_the_dr
 }
 
 #[test]
-fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
+fn uploads_show_as_create_chmod_and_write_of_their_name_never_as_temporaries() {
     let daemon = start();
     let dir = daemon.home().join("up");
     std::fs::create_dir_all(&dir).unwrap();
@@ -466,38 +466,25 @@ fn uploads_show_as_create_and_write_of_their_name_never_as_temporaries() {
     );
     assert_eq!(reply.status, 200, "{}", reply.text());
     std::fs::write(dir.join("marker"), b"").unwrap();
-    let seen = events_until(
-        &mut watch,
-        &[
-            ("EVENT_TYPE_CREATE", "a.txt"),
-            ("EVENT_TYPE_WRITE", "a.txt"),
-            ("EVENT_TYPE_WRITE", "a.txt"),
-            ("EVENT_TYPE_CREATE", "m.txt"),
-            ("EVENT_TYPE_WRITE", "m.txt"),
-            ("EVENT_TYPE_CREATE", "marker"),
-        ],
-    );
+    // As envd's in-place writes show them: a new file created, its owner set, written; a
+    // replaced one only the last two. No temporary, no rename, no remove.
+    let expected = [
+        ("EVENT_TYPE_CREATE", "a.txt"),
+        ("EVENT_TYPE_CHMOD", "a.txt"),
+        ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_CHMOD", "a.txt"),
+        ("EVENT_TYPE_WRITE", "a.txt"),
+        ("EVENT_TYPE_CREATE", "m.txt"),
+        ("EVENT_TYPE_CHMOD", "m.txt"),
+        ("EVENT_TYPE_WRITE", "m.txt"),
+        ("EVENT_TYPE_CREATE", "marker"),
+    ];
+    let seen = events_until(&mut watch, &expected);
     let names: Vec<(&str, &str)> = seen
         .iter()
         .map(|e| (e["type"].as_str().unwrap(), e["name"].as_str().unwrap()))
         .collect();
-    assert!(
-        names
-            .iter()
-            .all(|(_, name)| ["a.txt", "m.txt", "marker"].contains(name)),
-        "a temporary appeared: {names:?}"
-    );
-    assert!(
-        !names
-            .iter()
-            .any(|(kind, _)| *kind == "EVENT_TYPE_RENAME" || *kind == "EVENT_TYPE_REMOVE"),
-        "{names:?}"
-    );
-    let creates = names
-        .iter()
-        .filter(|(kind, name)| *kind == "EVENT_TYPE_CREATE" && *name == "a.txt")
-        .count();
-    assert_eq!(creates, 1, "the replacement is not a new file: {names:?}");
+    assert_eq!(names, expected);
 }
 
 #[test]

@@ -38,6 +38,7 @@ use crate::fs::error::FsError;
 use crate::fs::temp::{self, TempPath};
 use crate::fs::user_metadata::UserMetadata;
 use crate::sys;
+use crate::sys::file::Touch;
 
 /// The mode of every new file sandboxd writes (SPEC §4).
 pub const FILE_MODE: u32 = 0o644;
@@ -240,13 +241,16 @@ fn put_in_place(temp: TempPath, destination: &Path) -> io::Result<()> {
     }
 }
 
-/// Tells directory watchers (inotify) that the file now at `destination` was written: its
-/// content arrived through an unnamed file or a temporary name, which a watcher does not see as
-/// a write of this name. Touching only the modification time (it was just written) gives the
-/// `IN_MODIFY` an in-place write would have, so a client watching the directory sees `create`
-/// (for a new file) and `write`, never the temporary. Best-effort: the file is in place already.
+/// Tells directory watchers (inotify) what envd's in-place write of this name shows them: its
+/// content arrived through an unnamed file or a temporary name, which a watcher does not see
+/// as this name's. envd creates the file (`create`, here the link), sets its owner (`chmod`)
+/// and writes it (`write`); so here the times are set to now twice, all of them (`IN_ATTRIB`,
+/// `chmod`), then the modification time alone (`IN_MODIFY`, `write`). A new file is seen as
+/// `create`, `chmod`, `write`, a replaced one as `chmod`, `write`, as with envd (the SDKs'
+/// watch tests count them); never the temporary. Best-effort: the file is in place already.
 fn announce_write(destination: &Path) {
-    let _ = sys::file::touch_modified(destination);
+    let _ = sys::file::touch(destination, Touch::Times);
+    let _ = sys::file::touch(destination, Touch::Modified);
 }
 
 /// Makes every file durable, then renames each over its destination, in order, then syncs each

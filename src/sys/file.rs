@@ -65,22 +65,32 @@ pub fn link_unnamed(file: &File, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the modification time of the file at `path` (not following a final symlink) to now,
-/// and nothing else: the kernel reports it to inotify as a modification (`IN_MODIFY`) of the
-/// name, without touching the data.
-pub fn touch_modified(path: &Path) -> io::Result<()> {
+/// Which times [`touch`] sets to now, and so what inotify reports of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touch {
+    /// The access and modification times: an attribute change (`IN_ATTRIB`), as `utime`.
+    Times,
+    /// The modification time alone: a modification (`IN_MODIFY`), as a write.
+    Modified,
+}
+
+/// Sets times of the file at `path` (not following a final symlink) to now, and nothing else:
+/// the data, owner and mode are untouched; what a directory watcher is told is `what`'s.
+pub fn touch(path: &Path, what: Touch) -> io::Result<()> {
     let path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let times = [
-        libc::timespec {
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_NOW,
+    };
+    let access = match what {
+        Touch::Times => now,
+        Touch::Modified => libc::timespec {
             tv_sec: 0,
             tv_nsec: libc::UTIME_OMIT,
         },
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_NOW,
-        },
-    ];
+    };
+    let times = [access, now];
     // SAFETY: `path` is a NUL-terminated CString and `times` an array of two timespecs, both
     // alive for the call, which only reads them.
     check(unsafe {
