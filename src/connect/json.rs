@@ -140,36 +140,17 @@ fn integer<'de, D: Deserializer<'de>, T: TryFrom<i128>>(deserializer: D) -> Resu
     T::try_from(value).map_err(|_| de::Error::custom(format!("{value} is out of range")))
 }
 
-/// `int64`: written as a decimal string.
+/// `int64`: written as a decimal string (read with [`integer`]).
 pub mod int64 {
     use super::*;
 
     pub fn serialize<S: Serializer>(value: &i64, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(value)
     }
-
-    #[allow(dead_code)] // no message reads an int64 yet
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
-        integer(deserializer)
-    }
 }
 
-/// `uint64`: written as a decimal string.
-#[allow(dead_code)] // for the messages still to come (issue 14), like `bytes`
-pub mod uint64 {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(value)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-        integer(deserializer)
-    }
-}
-
-/// `uint32`/`int32` sent as strings are valid too; these read either form.
-pub mod int32 {
+/// Any integer field: proto3 JSON readers take a number (`1e3` too) or a decimal string.
+pub mod integer {
     use super::*;
 
     pub fn deserialize<'de, D: Deserializer<'de>, T: TryFrom<i128>>(
@@ -179,20 +160,10 @@ pub mod int32 {
     }
 }
 
-/// `bytes`: written as standard base64 with padding; read in standard or URL-safe base64, with
-/// or without padding.
-#[allow(dead_code)] // for the process service's stdin and output (issue 14)
+/// `bytes`, as proto3 JSON readers take it: standard or URL-safe base64, with or without
+/// padding.
 pub mod bytes {
     use super::*;
-
-    pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&STANDARD.encode_to_string(value))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
-        let text: String = serde::Deserialize::deserialize(deserializer)?;
-        decode(&text).ok_or_else(|| de::Error::custom("invalid base64"))
-    }
 
     /// Decodes any of the four base64 alphabets proto3 JSON readers accept.
     pub fn decode(text: &str) -> Option<Vec<u8>> {
@@ -241,12 +212,13 @@ mod tests {
     #[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
     #[serde(rename_all = "camelCase", default)]
     struct Message {
-        #[serde(with = "int64")]
+        #[serde(
+            serialize_with = "int64::serialize",
+            deserialize_with = "integer::deserialize"
+        )]
         size: i64,
-        #[serde(with = "uint64")]
+        #[serde(skip_serializing, deserialize_with = "integer::deserialize")]
         big: u64,
-        #[serde(with = "bytes")]
-        data: Vec<u8>,
         kind: Kind,
         symlink_target: Option<String>,
     }
@@ -255,18 +227,13 @@ mod tests {
     fn messages_follow_proto3_json() {
         let message = Message {
             size: -5,
-            big: u64::MAX,
-            data: vec![0xfb, 0xff],
             kind: Kind::File,
-            symlink_target: None,
+            ..Message::default()
         };
         let json = serde_json::to_value(&message).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({
-                "size": "-5", "big": "18446744073709551615", "data": "+/8=",
-                "kind": "KIND_FILE", "symlinkTarget": null
-            })
+            serde_json::json!({"size": "-5", "kind": "KIND_FILE", "symlinkTarget": null})
         );
         let read: Message = serde_json::from_value(json).unwrap();
         assert_eq!(read, message);
@@ -275,13 +242,10 @@ mod tests {
     #[test]
     fn readers_accept_every_valid_form() {
         let read: Message = serde_json::from_str(
-            r#"{"size":12,"big":"7","data":"-_8","kind":1,"unknown":{"x":[1]}}"#,
+            r#"{"size":12,"big":"18446744073709551615","kind":1,"unknown":{"x":[1]}}"#,
         )
         .unwrap();
-        assert_eq!(
-            (read.size, read.big, read.data, read.kind),
-            (12, 7, vec![0xfb, 0xff], Kind::File)
-        );
+        assert_eq!((read.size, read.big, read.kind), (12, u64::MAX, Kind::File));
         let read: Message = serde_json::from_str(r#"{"size":"1e3"}"#).unwrap_or_default();
         assert_eq!(read.size, 0, "a string exponent is not an integer");
         let read: Message = serde_json::from_str(r#"{"size":1e3}"#).unwrap();
@@ -296,11 +260,20 @@ mod tests {
             r#"{"size":1.5}"#,
             r#"{"big":-1}"#,
             r#"{"size":"x"}"#,
-            r#"{"data":"***"}"#,
             r#"{"kind":"KIND_OTHER"}"#,
             r#"{"kind":7}"#,
         ] {
             assert!(serde_json::from_str::<Message>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bytes_are_read_in_every_base64_form() {
+        for text in ["+/8=", "+/8", "-_8=", "-_8"] {
+            assert_eq!(bytes::decode(text), Some(vec![0xfb, 0xff]), "{text}");
+        }
+        for bad in ["***", "+/8==", "+"] {
+            assert_eq!(bytes::decode(bad), None, "{bad}");
         }
     }
 

@@ -26,7 +26,7 @@ pub struct EntryInfo {
     #[serde(rename = "type")]
     pub kind: FileType,
     pub path: String,
-    #[serde(with = "json::int64")]
+    #[serde(serialize_with = "json::int64::serialize")]
     pub size: i64,
     /// The permission bits (of the target, for a link).
     pub mode: u32,
@@ -54,7 +54,7 @@ pub struct PathRequest {
 #[serde(rename_all = "camelCase", default)]
 pub struct ListDirRequest {
     pub path: String,
-    #[serde(deserialize_with = "json::int32::deserialize")]
+    #[serde(deserialize_with = "json::integer::deserialize")]
     pub depth: u32,
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use base64_simd::STANDARD;
 use serde::{Deserialize, Serialize};
 
-use crate::connect::json::{self, int32};
+use crate::connect::json::{self, integer};
 use crate::connect::Error;
 use crate::proc::{Exit, OutputKind, Selector};
 use crate::proto_enum;
@@ -26,9 +26,9 @@ pub struct ProcessConfig {
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PtySize {
-    #[serde(deserialize_with = "int32::deserialize")]
+    #[serde(deserialize_with = "integer::deserialize")]
     pub cols: u32,
-    #[serde(deserialize_with = "int32::deserialize")]
+    #[serde(deserialize_with = "integer::deserialize")]
     pub rows: u32,
 }
 
@@ -233,7 +233,7 @@ fn optional_u32<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<u32>, D::Error> {
     #[derive(Deserialize)]
-    struct Wrapped(#[serde(deserialize_with = "int32::deserialize")] u32);
+    struct Wrapped(#[serde(deserialize_with = "integer::deserialize")] u32);
     Option::<Wrapped>::deserialize(deserializer).map(|w| w.map(|Wrapped(n)| n))
 }
 
