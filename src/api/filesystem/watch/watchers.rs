@@ -72,19 +72,10 @@ pub fn create_watcher(
     let hub = hub()?;
     ensure_room(&mut watchers())?;
     let id = new_id()?;
-    let buffer = Arc::new(Mutex::new(Buffer {
-        events: Vec::new(),
-        error: None,
-        last_asked: Instant::now(),
-        expired: false,
-    }));
-    let sink = BufferSink {
-        buffer: Arc::clone(&buffer),
-        describe: Describe {
-            include_entry: request.include_entry,
-            owners: caller.owners,
-        },
-    };
+    let (sink, buffer) = BufferSink::new(Describe {
+        include_entry: request.include_entry,
+        owners: caller.owners,
+    });
     let watch = hub
         .watch(&dir, request.recursive, Box::new(sink))
         .map_err(watch_error)?;
@@ -177,6 +168,23 @@ struct BufferSink {
     describe: Describe,
 }
 
+impl BufferSink {
+    /// A sink filling a new, empty buffer (also returned, for the polls).
+    fn new(describe: Describe) -> (BufferSink, Arc<Mutex<Buffer>>) {
+        let buffer = Arc::new(Mutex::new(Buffer {
+            events: Vec::new(),
+            error: None,
+            last_asked: Instant::now(),
+            expired: false,
+        }));
+        let sink = BufferSink {
+            buffer: Arc::clone(&buffer),
+            describe,
+        };
+        (sink, buffer)
+    }
+}
+
 impl Sink for BufferSink {
     fn deliver(&mut self, change: &Change<'_>) -> bool {
         let event = self.describe.event(change);
@@ -224,20 +232,10 @@ mod tests {
     use std::path::Path;
 
     fn sink() -> (BufferSink, Arc<Mutex<Buffer>>) {
-        let buffer = Arc::new(Mutex::new(Buffer {
-            events: Vec::new(),
-            error: None,
-            last_asked: Instant::now(),
-            expired: false,
-        }));
-        let sink = BufferSink {
-            buffer: Arc::clone(&buffer),
-            describe: Describe {
-                include_entry: false,
-                owners: Default::default(),
-            },
-        };
-        (sink, buffer)
+        BufferSink::new(Describe {
+            include_entry: false,
+            owners: Default::default(),
+        })
     }
 
     fn change(name: &str) -> Change<'_> {
