@@ -285,6 +285,18 @@ fn connect_paths_answer_connect_errors_never_a_plain_404() {
             "application/connect+json",
             "filesystem.Filesystem/NoSuchMethod is not a method of filesystem.Filesystem",
         ),
+        // A method sent with the other framing than its own.
+        (
+            "/filesystem.Filesystem/Stat",
+            "application/connect+json",
+            "filesystem.Filesystem/Stat is a unary method: send application/json",
+        ),
+        (
+            "/filesystem.Filesystem/WatchDir",
+            "application/json",
+            "filesystem.Filesystem/WatchDir is a server-streaming method: send \
+             application/connect+json",
+        ),
     ] {
         let headers = [("X-Access-Token", TOKEN), ("Content-Type", content_type)];
         let reply = daemon.call_with("POST", path, &headers, br#"{"path":"/tmp"}"#);
