@@ -202,32 +202,26 @@ fn an_aborted_producer_ends_the_answer_without_its_last_chunk() {
     assert_eq!(body, None, "a truncated body, never a complete-looking one");
 }
 
-#[test]
-fn the_producer_learns_that_the_client_left() {
+/// Opens `path`, reads the status line, leaves, and waits for the producer to hear of it.
+fn leave_and_expect_closed(path: &str, what: &str) {
     let (addr, gone) = serve(1);
-    let mut reader = get(addr, "/forever");
+    let mut reader = get(addr, path);
     let mut status = String::new();
     reader.read_line(&mut status).unwrap();
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     drop(reader);
-    let error = gone
-        .recv_timeout(Duration::from_secs(5))
-        .expect("producer told");
+    let error = gone.recv_timeout(Duration::from_secs(5)).expect(what);
     assert_eq!(error, SendError::Closed);
 }
 
 #[test]
+fn the_producer_learns_that_the_client_left() {
+    leave_and_expect_closed("/forever", "producer told");
+}
+
+#[test]
 fn a_producer_with_nothing_to_send_learns_that_the_client_left() {
-    let (addr, gone) = serve(1);
-    let mut reader = get(addr, "/idle");
-    let mut status = String::new();
-    reader.read_line(&mut status).unwrap();
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-    drop(reader);
-    let error = gone
-        .recv_timeout(Duration::from_secs(5))
-        .expect("the connection closed while the producer was idle");
-    assert_eq!(error, SendError::Closed);
+    leave_and_expect_closed("/idle", "the connection closed while the producer was idle");
 }
 
 #[test]
