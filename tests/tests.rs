@@ -13,6 +13,8 @@ mod common;
 mod compose;
 // docs/spec.md, docs/openapi.yaml, the router and the documents' links agree (no daemon).
 mod docs;
+// The filesystem service beside a hostile local user: swapped entries, trees of any depth.
+mod hardening_fs;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // What envd's clients rely on beyond the routes: CORS, /init, -version, Connect paths.

@@ -29,6 +29,7 @@
 //!   destination had: like envd's compose, it is a new file.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fs::{self, File, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -38,6 +39,7 @@ use crate::fs::atomic::Staged;
 use crate::fs::copy::Appender;
 use crate::fs::error::FsError;
 use crate::fs::user_metadata::UserMetadata;
+use crate::sys::dir::Dir;
 
 /// A compose that passed validation, holding its sources open.
 #[derive(Debug)]
@@ -182,11 +184,24 @@ impl Plan {
         Ok(())
     }
 
-    /// Deletes each distinct source path whose file is still the one read, unchanged.
+    /// Deletes each distinct source path whose file is still the one read, unchanged. The
+    /// check and the removal name the file in the same directory, held open, so a directory
+    /// on the way swapped for a symlink meanwhile cannot make the removal act elsewhere.
     fn delete_sources(&self) {
         for source in &self.opened {
-            match source.check() {
-                Ok(Check::Unchanged) => match fs::remove_file(&source.path) {
+            let (dir, name) = match source.open_dir() {
+                Ok(held) => held,
+                Err(err) if is_missing(&err) => continue,
+                Err(err) => {
+                    self.log(
+                        source,
+                        format_args!("kept it: could not open its directory: {err}"),
+                    );
+                    continue;
+                }
+            };
+            match source.check(&dir, name) {
+                Ok(Check::Unchanged) => match dir.remove(name, false) {
                     Ok(()) => {}
                     Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                     Err(err) => self.log(source, format_args!("could not delete it: {err}")),
@@ -195,7 +210,7 @@ impl Plan {
                 Ok(Check::Dangling) => {
                     // A symlink whose target, read and deleted just before under another
                     // path, is gone: removing the link loses nothing.
-                    let _ = fs::remove_file(&source.path);
+                    let _ = dir.remove(name, false);
                 }
                 Ok(Check::Kept(why)) => self.log(source, format_args!("kept it: {why}")),
                 Err(err) => self.log(
@@ -229,20 +244,36 @@ enum Check {
 }
 
 impl Source {
-    /// Compares what the path names now with the file read, and that file now with itself when
-    /// it was opened.
-    fn check(&self) -> io::Result<Check> {
-        let now = match fs::metadata(&self.path) {
-            Ok(meta) => meta,
+    /// The directory holding the source's name, opened (following the path as named), and
+    /// the name.
+    fn open_dir(&self) -> io::Result<(Dir, &OsStr)> {
+        let (Some(parent), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        };
+        Ok((Dir::open(parent)?, name))
+    }
+
+    /// Compares what `name` in `dir` names now with the file read, and that file now with
+    /// itself when it was opened.
+    fn check(&self, dir: &Dir, name: &OsStr) -> io::Result<Check> {
+        let now = match dir.stat_at(name, true) {
+            Ok(stat) => stat,
             Err(err) if is_missing(&err) => {
-                return Ok(match fs::symlink_metadata(&self.path) {
-                    Ok(meta) if meta.file_type().is_symlink() => Check::Dangling,
+                return Ok(match dir.stat_at(name, false) {
+                    Ok(stat) if stat.is_symlink() => Check::Dangling,
                     _ => Check::Gone,
                 })
             }
             Err(err) => return Err(err),
         };
-        Ok(judge(&self.version, &Version::of(&now)))
+        let now = Version {
+            dev: now.dev,
+            ino: now.ino,
+            size: now.size,
+            mtime: now.mtime,
+            mtime_nsec: now.mtime_nsec,
+        };
+        Ok(judge(&self.version, &now))
     }
 }
 

@@ -1,76 +1,121 @@
 //! Directories for written files (SPEC §4) and the record a write answers with (SPEC §2.1, §5).
 //!
-//! This module owns creating the missing parent directories of a file about to be written: mode
-//! exactly 0755 whatever the umask, owned by the user, existing directories left alone, a
-//! non-directory in the way refused. It also owns the `{"path","name","type"}` JSON
-//! record of a written file.
+//! This module owns opening the directory a file is about to be written into, creating the
+//! missing ones on the way: mode exactly 0755 whatever the umask, owned by the user, existing
+//! directories left alone, a non-directory in the way refused. The symlinks of the path as the
+//! client named it are followed (a link to a directory counts as a directory), but a directory
+//! this module creates is set up through its own descriptor, opened without following a
+//! symlink, and only if it is still the empty directory just made: a local user who swaps it
+//! for a symlink or another directory meanwhile fails the request and redirects nothing. It
+//! also owns the `{"path","name","type"}` JSON record of a written file.
 
-use std::fs::{self, DirBuilder, OpenOptions, Permissions};
+use std::ffi::OsStr;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Component, Path};
 
 use crate::fs::error::FsError;
+use crate::sys::dir::Dir;
 
 /// The mode of every directory sandboxd creates.
 pub const DIR_MODE: u32 = 0o755;
 
-/// Creates the missing parent directories of `path` (mode exactly 0755 regardless of umask, chowned to uid:gid);
-/// existing directories are left alone. A non-directory in the way → [`FsError::NotADirectory`]
-/// naming that component. Races with other creators (EEXIST) are fine. Other OS errors →
-/// [`FsError::io`].
+/// Opens the directory `dir`, first creating it and any missing ancestor (mode exactly 0755
+/// regardless of umask, owned by uid:gid); existing directories are left alone. A
+/// non-directory in the way → [`FsError::NotADirectory`] naming that component. Races with
+/// other creators (EEXIST) are fine. Other OS errors → [`FsError::io`].
 ///
-/// Symlinks to directories count as directories. `path` itself is not created.
-pub fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), FsError> {
-    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
-        return Ok(());
-    };
-    // The common case, one stat: the parent is already there.
-    if matches!(fs::metadata(parent), Ok(meta) if meta.is_dir()) {
-        return Ok(());
+/// Symlinks to directories count as directories.
+pub fn open_or_create(dir: &Path, uid: u32, gid: u32) -> Result<Dir, FsError> {
+    // The common case, one open: the directory is already there.
+    match Dir::open(dir) {
+        Ok(handle) => return Ok(handle),
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
+        Err(err) => return Err(io_error(err, "opening directory", dir)),
     }
-    let mut missing: Vec<&Path> = parent
-        .ancestors()
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .collect();
-    missing.reverse();
-    for dir in missing {
-        match fs::metadata(dir) {
-            Ok(meta) if meta.is_dir() => continue,
-            Ok(_) => return Err(FsError::NotADirectory(dir.to_path_buf())),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => create_dir(dir, uid, gid)?,
-            Err(err) => return Err(io_error(err, "checking directory", dir)),
-        }
+    let start = if dir.is_absolute() { "/" } else { "." };
+    let mut current = Dir::open(Path::new(start)).map_err(|err| io_error(err, "opening", dir))?;
+    let mut walked = Path::new(start).to_path_buf();
+    for component in dir.components() {
+        let Component::Normal(name) = component else {
+            continue;
+        };
+        walked.push(name);
+        current = match current.open_dir(name, true) {
+            Ok(next) => next,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
+                make_dir(&current, name, uid, gid).map_err(|err| match err {
+                    Made::NotADirectory => FsError::NotADirectory(walked.clone()),
+                    Made::Replaced => io_error(replaced(), "creating directory", &walked),
+                    Made::Failed(err) => io_error(err, "creating directory", &walked),
+                })?
+            }
+            Err(err) if err.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Err(FsError::NotADirectory(walked))
+            }
+            Err(err) => return Err(io_error(err, "opening directory", &walked)),
+        };
     }
-    Ok(())
+    Ok(current)
 }
 
-/// Creates one directory; if another creator won the race, accepts its directory as it is.
-fn create_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), FsError> {
-    match DirBuilder::new().mode(DIR_MODE).create(dir) {
+/// Why [`make_dir`] did not give a directory.
+#[derive(Debug)]
+pub enum Made {
+    /// Something other than a directory (a file, a dangling symlink) has the name.
+    NotADirectory,
+    /// The new directory was replaced by something else before it was set up.
+    Replaced,
+    /// An OS error.
+    Failed(io::Error),
+}
+
+/// Creates the directory `name` in `parent` (exactly 0755, owned by uid:gid) and opens it; if
+/// another creator won the race, opens theirs as it is. The new directory's mode and owner are
+/// set through a descriptor opened without following a symlink, and only once it is known to
+/// be the directory just made (owned by this process's user, no subdirectory): otherwise
+/// [`Made::Replaced`], and nothing is changed.
+pub fn make_dir(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
+    match parent.mkdir(name, DIR_MODE) {
         Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-            return match fs::metadata(dir) {
-                Ok(meta) if meta.is_dir() => Ok(()),
-                Ok(_) => Err(FsError::NotADirectory(dir.to_path_buf())),
-                Err(err) => Err(io_error(err, "creating directory", dir)),
+            return match parent.open_dir(name, true) {
+                Ok(dir) => Ok(dir),
+                Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ENOENT)) => {
+                    Err(Made::NotADirectory)
+                }
+                Err(err) => Err(Made::Failed(err)),
             };
         }
-        Err(err) => return Err(io_error(err, "creating directory", dir)),
+        Err(err) => return Err(Made::Failed(err)),
     }
-    // Mode and owner are set through a descriptor opened without following symlinks, so a
-    // directory swapped for a symlink meanwhile cannot redirect the chmod or chown.
-    let handle = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir)
-        .map_err(|err| io_error(err, "opening directory", dir))?;
-    handle
-        .set_permissions(Permissions::from_mode(DIR_MODE))
-        .map_err(|err| io_error(err, "setting the mode of directory", dir))?;
-    std::os::unix::fs::fchown(&handle, Some(uid), Some(gid))
-        .map_err(|err| io_error(err, "setting the owner of directory", dir))?;
-    Ok(())
+    set_up(parent, name, uid, gid)
+}
+
+fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
+    let dir = match parent.open_dir(name, false) {
+        Ok(dir) => dir,
+        Err(err)
+            if matches!(
+                err.raw_os_error(),
+                Some(libc::ELOOP | libc::ENOTDIR | libc::ENOENT)
+            ) =>
+        {
+            return Err(Made::Replaced)
+        }
+        Err(err) => return Err(Made::Failed(err)),
+    };
+    let stat = dir.stat().map_err(Made::Failed)?;
+    if stat.uid != crate::sys::dir::effective_uid() || stat.nlink != 2 {
+        return Err(Made::Replaced);
+    }
+    dir.chmod(DIR_MODE).map_err(Made::Failed)?;
+    dir.chown(uid, gid).map_err(Made::Failed)?;
+    Ok(dir)
+}
+
+/// The error of a directory swapped for something else between its creation and its set-up.
+pub fn replaced() -> io::Error {
+    io::Error::other("the new directory was replaced while it was being set up")
 }
 
 fn io_error(err: io::Error, doing: &str, dir: &Path) -> FsError {
@@ -93,8 +138,19 @@ pub fn file_record(path: &Path) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
+    use std::fs::{self, Permissions};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::process::Command;
+
+    /// Creates the missing parents of the file `path`, as a write does.
+    fn create_parents(path: &Path, uid: u32, gid: u32) -> Result<(), FsError> {
+        match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => {
+                open_or_create(parent, uid, gid).map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).unwrap().mode() & 0o7777
@@ -166,9 +222,42 @@ mod tests {
     }
 
     #[test]
+    fn a_new_directory_swapped_before_its_set_up_is_refused_and_nothing_is_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = Dir::open(tmp.path()).unwrap();
+        let target = tmp.path().join("target");
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&target, tmp.path().join("new")).unwrap();
+        let (uid, gid) = owner(tmp.path());
+        let err = set_up(&parent, OsStr::new("new"), uid + 1, gid + 1).unwrap_err();
+        assert!(matches!(err, Made::Replaced), "{err:?}");
+        assert_eq!(mode(&target), 0o700);
+        assert_eq!(owner(&target), (uid, gid));
+        // A directory with a subdirectory is not one just made either.
+        fs::create_dir_all(tmp.path().join("full/sub")).unwrap();
+        let err = set_up(&parent, OsStr::new("full"), uid + 1, gid + 1).unwrap_err();
+        assert!(matches!(err, Made::Replaced), "{err:?}");
+        assert_eq!(owner(&tmp.path().join("full")), (uid, gid));
+    }
+
+    #[test]
+    fn a_dangling_symlink_in_the_way_is_not_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/nonexistent/x", tmp.path().join("dangling")).unwrap();
+        let (uid, gid) = owner(tmp.path());
+        let result = create_parents(&tmp.path().join("dangling/file.txt"), uid, gid);
+        assert!(
+            matches!(&result, Err(FsError::NotADirectory(dir)) if dir.ends_with("dangling")),
+            "{result:?}"
+        );
+    }
+
+    #[test]
     fn no_parent_is_nothing_to_do() {
         assert!(create_parents(Path::new("/"), 0, 0).is_ok());
         assert!(create_parents(Path::new("file.txt"), 0, 0).is_ok());
+        assert!(open_or_create(Path::new("/"), 0, 0).is_ok());
     }
 
     fn running_as_root() -> bool {

@@ -23,6 +23,7 @@ pub mod paths;
 pub mod temp;
 pub mod user_metadata;
 pub mod users;
+pub mod walk;
 pub mod watch;
 
 pub use error::FsError;

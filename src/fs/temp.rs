@@ -15,16 +15,15 @@
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
-use crate::sys;
+use crate::sys::dir::Dir;
 
 const MARK: &[u8] = b".sandboxd-";
 const SUFFIX: &[u8] = b".tmp";
@@ -103,23 +102,25 @@ fn is_gone(pid: u32, start: u64) -> bool {
     }
 }
 
-/// Removes, in `dir`, the regular files named like sandboxd's temporaries whose process is gone.
-/// Best effort: errors are ignored (a leftover only wastes space). Reads the whole directory:
-/// requests never call it, only the sweeper thread ([`sweep_once`]) and tests.
-pub fn remove_stale(dir: &Path) {
+/// Removes, in `dir`, the regular files named like sandboxd's temporaries whose process is gone
+/// (by name in that very directory, never following a symlink). Best effort: errors are ignored
+/// (a leftover only wastes space). Reads the whole directory: requests never call it, only the
+/// sweeper thread ([`sweep_once`]) and tests.
+pub fn remove_stale(dir: &Dir) {
     if me().is_none() {
         // Without /proc nothing can be judged stale: do not read the directory for nothing.
         return;
     }
-    let Ok(entries) = fs::read_dir(dir) else {
+    let Ok(names) = dir.names() else {
         return;
     };
-    for entry in entries.flatten() {
-        let Some((pid, start)) = parse_temp_name(&entry.file_name()) else {
+    for name in names {
+        let Some((pid, start)) = parse_temp_name(&name) else {
             continue;
         };
-        if entry.file_type().is_ok_and(|t| t.is_file()) && is_gone(pid, start) {
-            let _ = fs::remove_file(entry.path());
+        let is_file = dir.stat_at(&name, false).is_ok_and(|stat| stat.is_file());
+        if is_file && is_gone(pid, start) {
+            let _ = dir.remove(&name, false);
         }
     }
 }
@@ -133,7 +134,7 @@ const SWEPT_CAP: usize = 16_384;
 struct Sweeper {
     seen: HashSet<u64>,
     hasher: RandomState,
-    queue: mpsc::Sender<PathBuf>,
+    queue: mpsc::Sender<Dir>,
 }
 
 static SWEEPER: OnceLock<Option<Mutex<Sweeper>>> = OnceLock::new();
@@ -147,14 +148,14 @@ static SWEEPER: OnceLock<Option<Mutex<Sweeper>>> = OnceLock::new();
 /// `O_TMPFILE`, a finished multipart part, or the instant between a link and a rename) is thus
 /// removed shortly after a later sandboxd first writes into that directory. Without `/proc`
 /// (nothing can be judged stale) or when the thread cannot start, it does nothing.
-pub fn sweep_once(dir: &Path) {
+pub fn sweep_once(path: &Path, dir: &Dir) {
     let Some(sweeper) = SWEEPER.get_or_init(start_sweeper) else {
         return;
     };
     let Ok(mut sweeper) = sweeper.lock() else {
         return;
     };
-    let key = sweeper.hasher.hash_one(dir);
+    let key = sweeper.hasher.hash_one(path);
     if sweeper.seen.contains(&key) {
         return;
     }
@@ -162,12 +163,14 @@ pub fn sweep_once(dir: &Path) {
         sweeper.seen.clear();
     }
     sweeper.seen.insert(key);
-    let _ = sweeper.queue.send(dir.to_path_buf());
+    if let Ok(dir) = dir.try_clone() {
+        let _ = sweeper.queue.send(dir);
+    }
 }
 
 fn start_sweeper() -> Option<Mutex<Sweeper>> {
     me()?;
-    let (queue, directories) = mpsc::channel::<PathBuf>();
+    let (queue, directories) = mpsc::channel::<Dir>();
     std::thread::Builder::new()
         .name("sweeper".into())
         .spawn(move || {
@@ -183,10 +186,12 @@ fn start_sweeper() -> Option<Mutex<Sweeper>> {
     }))
 }
 
-/// A temporary's name, removed when dropped unless [`kept`](TempPath::keep).
+/// A temporary's name in a directory held open, removed when dropped unless
+/// [`kept`](TempPath::keep).
 #[derive(Debug)]
 pub struct TempPath {
-    pub path: PathBuf,
+    pub dir: Arc<Dir>,
+    pub name: OsString,
     keep: bool,
 }
 
@@ -200,33 +205,26 @@ impl TempPath {
 impl Drop for TempPath {
     fn drop(&mut self) {
         if !self.keep {
-            let _ = fs::remove_file(&self.path);
+            let _ = self.dir.remove(&self.name, false);
         }
     }
 }
 
-/// The name of the next temporary for destination base name `name` in `dir`.
-fn next_name(dir: &Path, name: &OsStr) -> PathBuf {
+/// The name of the next temporary for destination base name `name`.
+fn next_name(name: &OsStr) -> OsString {
     let (pid, start) = me().unwrap_or((std::process::id(), 0));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    dir.join(temp_name(name, pid, start, n))
+    temp_name(name, pid, start, n)
 }
 
 /// Creates a new named temporary file for destination base name `name` in `dir`, mode 0644
 /// (less the umask), with `O_EXCL` (never reusing or following anything already there). For
 /// filesystems without `O_TMPFILE`.
-pub fn create_named(dir: &Path, name: &OsStr) -> io::Result<(File, TempPath)> {
+pub fn create_named(dir: &Arc<Dir>, name: &OsStr) -> io::Result<(File, TempPath)> {
     loop {
-        let path = next_name(dir, name);
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-        {
-            Ok(file) => return Ok((file, TempPath { path, keep: false })),
+        let temp = next_name(name);
+        match dir.create_file(&temp, 0o644) {
+            Ok(file) => return Ok((file, TempPath::new(dir, temp))),
             // Someone else's file of that name: take the next number.
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(err) => return Err(err),
@@ -236,13 +234,23 @@ pub fn create_named(dir: &Path, name: &OsStr) -> io::Result<(File, TempPath)> {
 
 /// Gives the unnamed file `file` a temporary's name in `dir` (for destination base name
 /// `name`), so that its descriptor can be closed or it can be renamed over a destination.
-pub fn link_named(file: &File, dir: &Path, name: &OsStr) -> io::Result<TempPath> {
+pub fn link_named(file: &File, dir: &Arc<Dir>, name: &OsStr) -> io::Result<TempPath> {
     loop {
-        let path = next_name(dir, name);
-        match sys::file::link_unnamed(file, &path) {
-            Ok(()) => return Ok(TempPath { path, keep: false }),
+        let temp = next_name(name);
+        match dir.link_file(file, &temp) {
+            Ok(()) => return Ok(TempPath::new(dir, temp)),
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(err) => return Err(err),
+        }
+    }
+}
+
+impl TempPath {
+    fn new(dir: &Arc<Dir>, name: OsString) -> TempPath {
+        TempPath {
+            dir: Arc::clone(dir),
+            name,
+            keep: false,
         }
     }
 }
@@ -306,7 +314,7 @@ mod tests {
         for (name, _) in &files {
             fs::write(dir.path().join(name), b"x").unwrap();
         }
-        remove_stale(dir.path());
+        remove_stale(&Dir::open(dir.path()).unwrap());
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name:?}");
         }
@@ -315,14 +323,15 @@ mod tests {
     #[test]
     fn a_temp_file_is_removed_unless_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let (_file, temp) = create_named(dir.path(), OsStr::new("out")).unwrap();
-        let path = temp.path.clone();
+        let held = Arc::new(Dir::open(dir.path()).unwrap());
+        let (_file, temp) = create_named(&held, OsStr::new("out")).unwrap();
+        let path = dir.path().join(&temp.name);
         assert!(path.exists());
-        assert!(parse_temp_name(path.file_name().unwrap()).is_some());
+        assert!(parse_temp_name(&temp.name).is_some());
         drop(temp);
         assert!(!path.exists());
-        let (_file, temp) = create_named(dir.path(), OsStr::new("out")).unwrap();
-        fs::rename(&temp.path, dir.path().join("out")).unwrap();
+        let (_file, temp) = create_named(&held, OsStr::new("out")).unwrap();
+        fs::rename(dir.path().join(&temp.name), dir.path().join("out")).unwrap();
         temp.keep();
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
@@ -335,15 +344,16 @@ mod tests {
     #[test]
     fn an_unnamed_file_linked_to_a_temporary_name_is_removed_unless_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let Ok(file) = sys::file::open_unnamed(dir.path(), 0o644) else {
+        let held = Arc::new(Dir::open(dir.path()).unwrap());
+        let Ok(file) = held.create_unnamed(0o644) else {
             eprintln!("skipped: no O_TMPFILE here");
             return;
         };
-        let temp = link_named(&file, dir.path(), OsStr::new("x")).unwrap();
-        assert!(temp.path.exists());
-        let again = link_named(&file, dir.path(), OsStr::new("x")).unwrap();
-        assert_ne!(again.path, temp.path);
-        let (first, second) = (temp.path.clone(), again.path.clone());
+        let temp = link_named(&file, &held, OsStr::new("x")).unwrap();
+        assert!(dir.path().join(&temp.name).exists());
+        let again = link_named(&file, &held, OsStr::new("x")).unwrap();
+        assert_ne!(again.name, temp.name);
+        let (first, second) = (dir.path().join(&temp.name), dir.path().join(&again.name));
         drop(temp);
         drop(again);
         assert!(!first.exists() && !second.exists());
@@ -357,7 +367,8 @@ mod tests {
         child.wait().unwrap();
         let stale = dir.path().join(temp_name(OsStr::new("a"), dead, 5, 0));
         fs::write(&stale, b"x").unwrap();
-        sweep_once(dir.path());
+        let held = Dir::open(dir.path()).unwrap();
+        sweep_once(dir.path(), &held);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while stale.exists() {
             assert!(std::time::Instant::now() < deadline, "not swept");
@@ -365,7 +376,7 @@ mod tests {
         }
         // A second call for the same directory does nothing: a new leftover stays.
         fs::write(&stale, b"x").unwrap();
-        sweep_once(dir.path());
+        sweep_once(dir.path(), &held);
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(stale.exists());
     }

@@ -1,56 +1,99 @@
 //! An entry's `EntryInfo`, as envd describes files: from `lstat`, with a symlink reported as the
 //! type and permission bits of what it points to and its fully resolved target.
 
-use std::fs::Metadata;
+use std::ffi::OsStr;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::messages::{EntryInfo, FileType};
 use crate::connect::json::timestamp;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
+use crate::sys::dir::{Dir, Stat};
 
 /// The entry at `path`, reported under the name `shown` (the path as the client gave it,
 /// resolved: a listing shows paths under the directory it was asked for, not under its link's
 /// target).
 pub fn entry_info(path: &Path, shown: &Path, owners: &Owners) -> io::Result<EntryInfo> {
-    let meta = std::fs::symlink_metadata(path)?;
-    let (kind, mode, symlink_target) = if meta.file_type().is_symlink() {
+    let Some(name) = path.file_name() else {
+        // The root: no parent to name it in.
+        let stat = Dir::open(path)?.stat()?;
+        return Ok(describe(
+            &stat,
+            None,
+            shown,
+            owners,
+            user_metadata::read(path),
+        ));
+    };
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let dir = Dir::open(parent.unwrap_or(Path::new(".")))?;
+    entry_at(&dir, name, shown, owners)
+}
+
+/// The entry `name` in the open directory `dir`, reported under the name `shown`: by
+/// descriptor, so it works at any depth (a listing of a tree deeper than `PATH_MAX`).
+pub fn entry_at(dir: &Dir, name: &OsStr, shown: &Path, owners: &Owners) -> io::Result<EntryInfo> {
+    let stat = dir.stat_at(name, false)?;
+    // Calls without an `*at` form go through the directory's `/proc/self/fd` path.
+    let through = dir.proc_path(name);
+    let link = stat.is_symlink().then(|| {
         // envd resolves the whole chain (Go's EvalSymlinks); a dangling link names itself.
-        let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let (kind, mode) = match std::fs::metadata(path) {
-            Ok(target) => (kind_of(&target), target.mode() & 0o777),
+        let target = std::fs::canonicalize(&through).unwrap_or_else(|_| {
+            std::fs::canonicalize(dir.proc_path(OsStr::new("")))
+                .map_or_else(|_| shown.to_path_buf(), |real| real.join(name))
+        });
+        let (kind, mode) = match dir.stat_at(name, true) {
+            Ok(target) => (kind_of(&target), target.mode & 0o777),
             Err(_) => (FileType::Unspecified, 0),
         };
-        (kind, mode, Some(target.to_string_lossy().into_owned()))
-    } else {
-        (kind_of(&meta), meta.mode() & 0o777, None)
+        (kind, mode, target.to_string_lossy().into_owned())
+    });
+    Ok(describe(
+        &stat,
+        link,
+        shown,
+        owners,
+        user_metadata::read(&through),
+    ))
+}
+
+/// An `EntryInfo` from `lstat` and, for a symlink, what it points to (kind, permission bits,
+/// resolved target).
+fn describe(
+    stat: &Stat,
+    link: Option<(FileType, u32, String)>,
+    shown: &Path,
+    owners: &Owners,
+    metadata: std::collections::BTreeMap<String, String>,
+) -> EntryInfo {
+    let (kind, mode, symlink_target) = match link {
+        Some((kind, mode, target)) => (kind, mode, Some(target)),
+        None => (kind_of(stat), stat.mode & 0o777, None),
     };
-    let modified_time = match (meta.mtime(), meta.mtime_nsec()) {
+    let modified_time = match (stat.mtime, stat.mtime_nsec) {
         (0, 0) => None,
         (seconds, nanos) => Some(timestamp(seconds, u32::try_from(nanos).unwrap_or(0))),
     };
-    Ok(EntryInfo {
+    EntryInfo {
         name: name_of(shown),
         kind,
         path: shown.to_string_lossy().into_owned(),
-        size: i64::try_from(meta.size()).unwrap_or(i64::MAX),
+        size: i64::try_from(stat.size).unwrap_or(i64::MAX),
         mode,
-        permissions: permissions(meta.mode()),
-        owner: owners.user(meta.uid()),
-        group: owners.group(meta.gid()),
+        permissions: permissions(stat.mode),
+        owner: owners.user(stat.uid),
+        group: owners.group(stat.gid),
         modified_time,
         symlink_target,
-        metadata: user_metadata::read(path),
-    })
+        metadata,
+    }
 }
 
-fn kind_of(meta: &Metadata) -> FileType {
-    let file_type = meta.file_type();
-    if file_type.is_file() {
+fn kind_of(stat: &Stat) -> FileType {
+    if stat.is_file() {
         FileType::File
-    } else if file_type.is_dir() {
+    } else if stat.is_dir() {
         FileType::Directory
     } else {
         FileType::Unspecified

@@ -2,16 +2,22 @@
 //! `depth`), MakeDir, Move, Remove. Paths are resolved for the calling user as every path is
 //! (SPEC §4); what they create belongs to that user.
 
-use std::fs::DirBuilder;
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use super::entry::entry_info;
-use super::messages::{EntryInfo, EntryResponse, ListDirResponse};
+use super::entry::entry_at;
+use super::messages::{EntryInfo, EntryResponse, FileType, ListDirResponse};
 use super::{io_error, Caller};
 use crate::connect::{Code, Error};
-use crate::fs::dirs::{self, DIR_MODE};
+use crate::fs::dirs::{self, Made};
+use crate::fs::walk::{self, Descent};
+use crate::sys::dir::Dir;
+
+/// The largest listing ListDir answers, counted as the JSON its entries make (about 190 bytes
+/// an entry plus its path): 100,000 entries fit. A larger one is `resource_exhausted`, so that
+/// a huge tree cannot make the daemon hold an answer of any size.
+pub const MAX_LISTING_BYTES: usize = 32 << 20;
 
 pub fn stat(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
     let path = caller.resolve(path)?;
@@ -22,11 +28,12 @@ pub fn stat(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
 
 /// The entries under `path` down to `depth` levels (0 counts as 1), depth first in name order,
 /// as Go's `filepath.WalkDir` visits them; links inside are listed, not followed. A directory
-/// given through a link is listed under the path given.
+/// given through a link is listed under the path given. The walk goes by directory descriptors
+/// on an explicit stack (`fs::walk`), so no tree is too deep for it.
 pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirResponse, Error> {
-    let depth = depth.max(1);
+    let depth = usize::try_from(depth.max(1)).unwrap_or(usize::MAX);
     let requested = caller.resolve(path)?;
-    let resolved = std::fs::canonicalize(&requested).map_err(|e| match e.raw_os_error() {
+    let top = Dir::open(&requested).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => Error::new(
             Code::FailedPrecondition,
             format!(
@@ -34,94 +41,159 @@ pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirRespon
                 requested.display()
             ),
         ),
+        Some(libc::ENOTDIR) if std::fs::metadata(&requested).is_ok() => {
+            Error::invalid_argument(format!("path is not a directory: {}", requested.display()))
+        }
         _ => io_error(&e, "path not found", &requested),
     })?;
-    match std::fs::metadata(&resolved) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(Error::invalid_argument(format!(
-                "path is not a directory: {}",
-                requested.display()
-            )))
-        }
-        Err(e) => return Err(io_error(&e, "directory not found", &requested)),
-    }
-    let mut entries = Vec::new();
-    walk(caller, &resolved, &requested, depth, &mut entries).map_err(|e| {
+    let reading = |e: io::Error| {
         Error::new(
             Code::Internal,
-            format!("error reading directory {}: {e}", resolved.display()),
+            format!("error reading directory {}: {e}", requested.display()),
         )
-    })?;
+    };
+    let names = sorted_names(&top).map_err(reading)?;
+    let mut descent = Descent::new(
+        top,
+        Level {
+            shown: requested.clone(),
+            names,
+        },
+    )
+    .map_err(reading)?;
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        let level_depth = descent.depth();
+        let Some((dir, level)) = descent.current() else {
+            break;
+        };
+        let Some(name) = level.names.pop() else {
+            descent.pop().map_err(reading)?;
+            continue;
+        };
+        let shown = level.shown.join(&name);
+        let entry = match entry_at(dir, &name, &shown, &caller.owners) {
+            Ok(entry) => entry,
+            // Gone since the directory was read: skipped, as envd does.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(reading(e)),
+        };
+        bytes = bytes.saturating_add(json_size(&entry));
+        if bytes > MAX_LISTING_BYTES {
+            return Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "the listing of {} is larger than {} MiB after {} entries: list it with a \
+                     smaller depth",
+                    requested.display(),
+                    MAX_LISTING_BYTES >> 20,
+                    entries.len()
+                ),
+            ));
+        }
+        let real_dir = entry.kind == FileType::Directory && entry.symlink_target.is_none();
+        let child = if real_dir && level_depth < depth {
+            match dir.open_dir(&name, false) {
+                Ok(child) => Some(child),
+                // Gone, or swapped for a link or a file since: listed as it was, not entered.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => None,
+                Err(e) => return Err(reading(e)),
+            }
+        } else {
+            None
+        };
+        entries.push(entry);
+        if let Some(child) = child {
+            let names = sorted_names(&child).map_err(reading)?;
+            descent
+                .push(child, Level { shown, names })
+                .map_err(reading)?;
+        }
+    }
     Ok(ListDirResponse { entries })
 }
 
-fn walk(
-    caller: &Caller,
-    dir: &Path,
-    shown: &Path,
-    depth: u32,
-    entries: &mut Vec<EntryInfo>,
-) -> io::Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)?
-        .map(|entry| entry.map(|entry| entry.file_name()))
-        .collect::<io::Result<_>>()?;
-    names.sort();
-    for name in names {
-        let (path, shown) = (dir.join(&name), shown.join(&name));
-        match entry_info(&path, &shown, &caller.owners) {
-            Ok(entry) => {
-                let is_dir = entry_is_real_dir(&path);
-                entries.push(entry);
-                if is_dir && depth > 1 {
-                    walk(caller, &path, &shown, depth - 1, entries)?;
-                }
-            }
-            // Gone since the directory was read: skipped, as envd does.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+/// A directory being listed: the path it is shown under and the names still to list, last
+/// first.
+struct Level {
+    shown: PathBuf,
+    names: Vec<OsString>,
 }
 
-/// A directory itself, not a link to one (links are not followed while walking).
-fn entry_is_real_dir(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
+/// The names in `dir`, in reverse name order (the next to list is popped from the end).
+fn sorted_names(dir: &Dir) -> io::Result<Vec<OsString>> {
+    let mut names = dir.names()?;
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
+/// About how many bytes `entry` takes in a JSON answer.
+fn json_size(entry: &EntryInfo) -> usize {
+    let metadata: usize = entry
+        .metadata
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 6)
+        .sum();
+    200 + entry.path.len()
+        + entry.name.len()
+        + entry.owner.len()
+        + entry.group.len()
+        + entry.symlink_target.as_ref().map_or(0, String::len)
+        + metadata
+}
+
+/// The parent directory's path and the last component of an absolute, clean path; `None` for
+/// `/`.
+fn split(path: &Path) -> Option<(&Path, &OsStr)> {
+    Some((path.parent()?, path.file_name()?))
 }
 
 pub fn make_dir(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
     let path = caller.resolve(path)?;
+    let exists = || {
+        Error::new(
+            Code::AlreadyExists,
+            format!("directory already exists: {}", path.display()),
+        )
+    };
+    let not_a_dir = || {
+        Error::invalid_argument(format!(
+            "path already exists but it is not a directory: {}",
+            path.display()
+        ))
+    };
+    let Some((parent, name)) = split(&path) else {
+        return Err(exists());
+    };
     match std::fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => {
-            return Err(Error::new(
-                Code::AlreadyExists,
-                format!("directory already exists: {}", path.display()),
-            ))
+        Ok(meta) if meta.is_dir() => return Err(exists()),
+        Ok(_) => return Err(not_a_dir()),
+        // A symlink to nothing is there, not a directory.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(&path).is_ok() {
+                return Err(not_a_dir());
+            }
         }
-        Ok(_) => {
-            return Err(Error::invalid_argument(format!(
-                "path already exists but it is not a directory: {}",
-                path.display()
-            )))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error(&e, "error getting file info", &path)),
     }
     let (uid, gid) = (caller.user.uid, caller.user.gid);
-    dirs::create_parents(&path, uid, gid).map_err(crate::api::rpc::api_error)?;
-    match DirBuilder::new().mode(DIR_MODE).create(&path) {
-        // Another creator won the race: its directory is the answer.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_error(&e, "error creating directory", &path)),
-        Ok(()) => {
-            // The mode is exact whatever the umask, as for every directory sandboxd creates.
-            let chmod = std::fs::set_permissions(&path, mode(DIR_MODE));
-            let chown = std::os::unix::fs::chown(&path, Some(uid), Some(gid));
-            if let Err(e) = chmod.and(chown) {
-                return Err(io_error(&e, "error setting up directory", &path));
-            }
+    let parent = dirs::open_or_create(parent, uid, gid).map_err(crate::api::rpc::api_error)?;
+    match dirs::make_dir(&parent, name, uid, gid) {
+        // Made here, or another creator won the race: its directory is the answer.
+        Ok(_) => {}
+        Err(Made::NotADirectory) => return Err(not_a_dir()),
+        Err(Made::Replaced) => {
+            return Err(Error::new(
+                Code::Aborted,
+                format!(
+                    "directory {} was replaced while it was being created",
+                    path.display()
+                ),
+            ))
         }
+        Err(Made::Failed(e)) => return Err(io_error(&e, "error creating directory", &path)),
     }
     Ok(EntryResponse {
         entry: caller.entry(&path, &path)?,
@@ -131,9 +203,15 @@ pub fn make_dir(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
 pub fn rename(caller: &Caller, source: &str, destination: &str) -> Result<EntryResponse, Error> {
     let source = caller.resolve(source)?;
     let destination = caller.resolve(destination)?;
-    dirs::create_parents(&destination, caller.user.uid, caller.user.gid)
+    let (Some((from_dir, from_name)), Some((to_dir, to_name))) =
+        (split(&source), split(&destination))
+    else {
+        return Err(Error::invalid_argument("'/' cannot be moved or replaced"));
+    };
+    let to = dirs::open_or_create(to_dir, caller.user.uid, caller.user.gid)
         .map_err(crate::api::rpc::api_error)?;
-    std::fs::rename(&source, &destination).map_err(|e| {
+    let renamed = Dir::open(from_dir).and_then(|from| from.rename(from_name, &to, to_name));
+    renamed.map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             io_error(&e, "source file not found", &source)
         } else {
@@ -149,22 +227,17 @@ pub fn rename(caller: &Caller, source: &str, destination: &str) -> Result<EntryR
     })
 }
 
-/// Removes a file, a link (not its target) or a whole directory tree; nothing there is success,
-/// as envd's `os.RemoveAll`.
+/// Removes a file, a link (not its target) or a whole directory tree of any depth; nothing
+/// there is success, as envd's `os.RemoveAll`. `/` itself is refused.
 pub fn remove(caller: &Caller, path: &str) -> Result<(), Error> {
     let path: PathBuf = caller.resolve(path)?;
-    let removed = match std::fs::symlink_metadata(&path) {
-        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
-        Ok(_) => std::fs::remove_file(&path),
-        Err(e) => Err(e),
+    let Some((parent, name)) = split(&path) else {
+        return Err(Error::invalid_argument("'/' cannot be removed"));
     };
+    let removed = Dir::open(parent).and_then(|dir| walk::remove_all(&dir, name));
     match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error(&e, "error removing file or directory", &path)),
     }
-}
-
-fn mode(bits: u32) -> std::fs::Permissions {
-    std::os::unix::fs::PermissionsExt::from_mode(bits)
 }

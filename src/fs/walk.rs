@@ -1,0 +1,245 @@
+//! Walking down a tree by directory descriptors, with no recursion and no path to resolve: how
+//! ListDir, Remove and every other descent go as deep as a tree goes (a local user can make one
+//! of any depth; 10,000 levels is deeper than `PATH_MAX`) without a stack overflow and without
+//! following a symlink swapped in on the way.
+//!
+//! A [`Descent`] is an explicit stack of levels, each a directory and the walker's state for it.
+//! Only the last [`KEEP_OPEN`] levels hold their descriptor, so a deep walk costs a bounded
+//! number of descriptors; going back up to a level whose descriptor was closed reopens it as
+//! `..` of the level below and checks that it is the same directory (device and inode) as when
+//! it was entered. A directory moved away meanwhile fails the walk ([`moved`]); the walk never
+//! continues somewhere else.
+
+use std::ffi::OsStr;
+use std::io;
+
+use crate::sys::dir::Dir;
+
+/// Levels above the current one that keep their descriptor open.
+pub const KEEP_OPEN: usize = 16;
+
+struct Level<T> {
+    dir: Option<Dir>,
+    id: (u64, u64),
+    state: T,
+}
+
+/// The directories from the top of a walk down to the current one, with a state each.
+pub struct Descent<T> {
+    levels: Vec<Level<T>>,
+}
+
+/// The error of a walk whose way back up no longer leads where it came from.
+pub fn moved() -> io::Error {
+    io::Error::other("a directory was moved while the walk was inside it")
+}
+
+impl<T> Descent<T> {
+    /// A walk starting in `top`.
+    pub fn new(top: Dir, state: T) -> io::Result<Descent<T>> {
+        let mut descent = Descent { levels: Vec::new() };
+        descent.push(top, state)?;
+        Ok(descent)
+    }
+
+    /// How many levels deep the walk is (1: in the top directory).
+    pub fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// The current directory and its state; `None` once the walk has left the top.
+    pub fn current(&mut self) -> Option<(&Dir, &mut T)> {
+        let level = self.levels.last_mut()?;
+        let dir = level.dir.as_ref()?;
+        Some((dir, &mut level.state))
+    }
+
+    /// Enters `dir` (opened from the current directory), with its state.
+    pub fn push(&mut self, dir: Dir, state: T) -> io::Result<()> {
+        let id = dir.stat()?.id();
+        self.levels.push(Level {
+            dir: Some(dir),
+            id,
+            state,
+        });
+        if let Some(far) = self.levels.len().checked_sub(KEEP_OPEN + 1) {
+            self.levels[far].dir = None;
+        }
+        Ok(())
+    }
+
+    /// Leaves the current directory, giving back its state; the level above becomes current
+    /// (reopened as `..` and checked when its descriptor was closed).
+    pub fn pop(&mut self) -> io::Result<T> {
+        let Some(left) = self.levels.pop() else {
+            return Err(io::Error::other("a walk left its top twice"));
+        };
+        if let Some(above) = self.levels.last_mut() {
+            if above.dir.is_none() {
+                let below = left.dir.as_ref().ok_or_else(moved)?;
+                let parent = below.open_parent()?;
+                if parent.stat()?.id() != above.id {
+                    return Err(moved());
+                }
+                above.dir = Some(parent);
+            }
+        }
+        Ok(left.state)
+    }
+}
+
+/// Removes `name` in `parent`: a file or a symlink (never what it points to), or a directory
+/// with everything under it, depth first, each entry by name in its own directory. Entries
+/// that vanish meanwhile are fine; a directory swapped for a symlink is removed as the link.
+pub fn remove_all(parent: &Dir, name: &OsStr) -> io::Result<()> {
+    if !parent.stat_at(name, false)?.is_dir() {
+        return parent.remove(name, false);
+    }
+    let top = match parent.open_dir(name, false) {
+        Ok(top) => top,
+        Err(err) if not_a_dir(&err) => return parent.remove(name, false),
+        Err(err) => return Err(err),
+    };
+    let names = top.names()?;
+    let mut descent = Descent::new(top, (name.to_os_string(), names))?;
+    while let Some((dir, (_, names))) = descent.current() {
+        let mut child = None;
+        while let Some(entry) = names.pop() {
+            let found = match dir.stat_at(&entry, false) {
+                Ok(stat) if stat.is_dir() => dir.open_dir(&entry, false).map(Some),
+                Ok(_) => Ok(None),
+                Err(err) => Err(err),
+            };
+            match found {
+                Ok(Some(opened)) => {
+                    child = Some((entry, opened));
+                    break;
+                }
+                Ok(None) => gone_is_fine(dir.remove(&entry, false))?,
+                Err(err) if not_a_dir(&err) => gone_is_fine(dir.remove(&entry, false))?,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        if let Some((entry, opened)) = child {
+            let names = opened.names()?;
+            descent.push(opened, (entry, names))?;
+            continue;
+        }
+        let (done, _) = descent.pop()?;
+        match descent.current() {
+            Some((dir, _)) => gone_is_fine(dir.remove(&done, true))?,
+            None => return gone_is_fine(parent.remove(&done, true)),
+        }
+    }
+    Ok(())
+}
+
+/// A directory swapped for a symlink or a file between its `lstat` and its opening.
+fn not_a_dir(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+}
+
+fn gone_is_fine(result: io::Result<()>) -> io::Result<()> {
+    match result {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    /// Goes `levels` deep into a chain of directories named `d`, then all the way back up,
+    /// counting the levels seen on the way up.
+    fn down_and_up(top: &std::path::Path, levels: usize) -> io::Result<usize> {
+        let mut descent = Descent::new(Dir::open(top)?, 0usize)?;
+        for n in 1..levels {
+            let child = descent
+                .current()
+                .unwrap()
+                .0
+                .open_dir(OsStr::new("d"), false)?;
+            descent.push(child, n)?;
+        }
+        let mut seen = 0;
+        while descent.current().is_some() {
+            descent.pop()?;
+            seen += 1;
+        }
+        Ok(seen)
+    }
+
+    #[test]
+    fn goes_deeper_than_the_descriptors_it_keeps_and_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut path = tmp.path().to_path_buf();
+        for _ in 0..(KEEP_OPEN * 3) {
+            path.push("d");
+        }
+        std::fs::create_dir_all(&path).unwrap();
+        assert_eq!(
+            down_and_up(tmp.path(), KEEP_OPEN * 3).unwrap(),
+            KEEP_OPEN * 3
+        );
+    }
+
+    #[test]
+    fn remove_all_takes_a_tree_deeper_than_path_max_and_no_link_target() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("keep")).unwrap();
+        std::fs::write(tmp.path().join("keep/file"), b"x").unwrap();
+        let top = Dir::open(tmp.path()).unwrap();
+        top.mkdir(OsStr::new("t"), 0o755).unwrap();
+        let mut dir = top.open_dir(OsStr::new("t"), false).unwrap();
+        // 3,000 levels of 2-byte names: 9,000 bytes of path, over PATH_MAX.
+        for _ in 0..3000 {
+            std::os::unix::fs::symlink(tmp.path().join("keep"), dir.proc_path(OsStr::new("l")))
+                .unwrap();
+            dir.create_file(OsStr::new("f"), 0o644).unwrap();
+            dir.mkdir(OsStr::new("dd"), 0o755).unwrap();
+            dir = dir.open_dir(OsStr::new("dd"), false).unwrap();
+        }
+        remove_all(&top, OsStr::new("t")).unwrap();
+        assert!(!tmp.path().join("t").exists());
+        assert_eq!(std::fs::read(tmp.path().join("keep/file")).unwrap(), b"x");
+        // A file and a link are removed themselves; nothing there is NotFound.
+        remove_all(&top, OsStr::new("keep")).unwrap();
+        let err = remove_all(&top, OsStr::new("keep")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_directory_moved_while_inside_fails_the_walk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut path = tmp.path().join("a");
+        for _ in 0..(KEEP_OPEN + 4) {
+            path.push("d");
+        }
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::create_dir(tmp.path().join("elsewhere")).unwrap();
+        let mut descent = Descent::new(Dir::open(&tmp.path().join("a")).unwrap(), ()).unwrap();
+        for _ in 0..(KEEP_OPEN + 4) {
+            let child = descent
+                .current()
+                .unwrap()
+                .0
+                .open_dir(OsStr::new("d"), false)
+                .unwrap();
+            descent.push(child, ()).unwrap();
+        }
+        // The second level (whose descriptor is closed) moves under another directory.
+        std::fs::rename(tmp.path().join("a/d/d"), tmp.path().join("elsewhere/d")).unwrap();
+        let mut result = Ok(());
+        while descent.current().is_some() {
+            if let Err(err) = descent.pop() {
+                result = Err(err);
+                break;
+            }
+        }
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("moved"), "{err}");
+    }
+}
