@@ -185,9 +185,6 @@ fn remove_and_move_act_on_links_never_on_their_targets() {
     let reply = rpc(&daemon, "Remove", json!({"path": "moved"}));
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(fs::read(outside.join("keep")).unwrap(), b"kept");
-
-    let reply = rpc(&daemon, "Remove", json!({"path": "/"}));
-    assert_code(&reply, 400, "invalid_argument");
-    let reply = rpc(&daemon, "Move", json!({"source": "/", "destination": "x"}));
-    assert_code(&reply, 400, "invalid_argument");
+    // `/` refused by Remove and Move is a unit test (api::filesystem::ops): a daemon that got it
+    // wrong here would remove the test machine's whole filesystem.
 }

@@ -10,7 +10,9 @@
 //! also owns the `{"path","name","type"}` JSON record of a written file.
 
 use std::ffi::OsStr;
+use std::fs::Permissions;
 use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path};
 
 use crate::fs::error::FsError;
@@ -92,7 +94,8 @@ pub fn make_dir(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, M
 }
 
 fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
-    let dir = match parent.open_dir(name, false) {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    let dir = match parent.open_file(name, flags) {
         Ok(dir) => dir,
         Err(err)
             if matches!(
@@ -104,13 +107,14 @@ fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
         }
         Err(err) => return Err(Made::Failed(err)),
     };
-    let stat = dir.stat().map_err(Made::Failed)?;
-    if stat.uid != crate::sys::dir::effective_uid() || stat.nlink != 2 {
+    let stat = dir.metadata().map_err(Made::Failed)?;
+    if stat.uid() != crate::sys::dir::effective_uid() || stat.nlink() != 2 {
         return Err(Made::Replaced);
     }
-    dir.chmod(DIR_MODE).map_err(Made::Failed)?;
-    dir.chown(uid, gid).map_err(Made::Failed)?;
-    Ok(dir)
+    dir.set_permissions(Permissions::from_mode(DIR_MODE))
+        .map_err(Made::Failed)?;
+    std::os::unix::fs::fchown(&dir, Some(uid), Some(gid)).map_err(Made::Failed)?;
+    Ok(Dir::from(dir))
 }
 
 /// The error of a directory swapped for something else between its creation and its set-up.
@@ -138,8 +142,7 @@ pub fn file_record(path: &Path) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs::{self, Permissions};
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::fs;
     use std::process::Command;
 
     /// Creates the missing parents of the file `path`, as a write does.

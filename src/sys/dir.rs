@@ -80,7 +80,8 @@ pub enum Touch {
     Modified,
 }
 
-/// An open directory (`O_DIRECTORY`, read-only, close-on-exec).
+/// An open directory: an `O_PATH` descriptor, which needs only the right to search the path to
+/// it (not to read the directory), as the `*at` calls that use it check the rest themselves.
 #[derive(Debug)]
 pub struct Dir {
     fd: OwnedFd,
@@ -108,7 +109,10 @@ fn owned(ret: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-const DIR_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC;
+const DIR_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_PATH | libc::O_CLOEXEC;
+
+/// A directory opened to be read (its entries listed, or synced).
+const READ_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC;
 
 impl Dir {
     /// Opens the directory at `path`, following symlinks anywhere in it (the path as named).
@@ -300,31 +304,25 @@ impl Dir {
         Ok(())
     }
 
-    /// Sets this directory's permission bits.
-    pub fn chmod(&self, mode: u32) -> io::Result<()> {
-        // SAFETY: plain call on a descriptor open for the borrow.
-        check(unsafe { libc::fchmod(self.fd.as_raw_fd(), mode as libc::mode_t) })?;
-        Ok(())
-    }
-
-    /// Sets this directory's owner and group.
-    pub fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
-        // SAFETY: plain call on a descriptor open for the borrow.
-        check(unsafe { libc::fchown(self.fd.as_raw_fd(), uid, gid) })?;
-        Ok(())
-    }
-
-    /// `fsync` of the directory, so that names made in it survive a crash.
+    /// `fsync` of the directory, so that names made in it survive a crash. It needs the
+    /// directory opened for reading: a directory its user may write but not read (`--fs-as-user`
+    /// in a drop box such as mode 0733) cannot be synced by that user, as by any process of
+    /// theirs, and is left to the filesystem's own commit.
     pub fn sync(&self) -> io::Result<()> {
-        // SAFETY: plain call on a descriptor open for the borrow.
-        check(unsafe { libc::fsync(self.fd.as_raw_fd()) })?;
+        let readable = match self.openat(c".", READ_FLAGS, 0) {
+            Ok(fd) => fd,
+            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        // SAFETY: plain call on a descriptor open for the call.
+        check(unsafe { libc::fsync(readable.as_raw_fd()) })?;
         Ok(())
     }
 
     /// The names in this directory (not `.` or `..`), in the order the filesystem gives them.
     /// Reads through a description of its own, so this `Dir` can be read again.
     pub fn names(&self) -> io::Result<Vec<OsString>> {
-        let fd = self.openat(c".", DIR_FLAGS, 0)?;
+        let fd = self.openat(c".", READ_FLAGS, 0)?;
         let raw = fd.as_raw_fd();
         // SAFETY: `raw` is an open directory descriptor; on success the stream owns it, so it
         // is released from `fd` (closed by `closedir` below), on failure `fd` still closes it.
@@ -365,6 +363,15 @@ impl Dir {
     /// whatever its path is now, and stays short however deep the directory lies.
     pub fn proc_path(&self, name: &OsStr) -> PathBuf {
         proc_fd(self.fd.as_raw_fd()).join(name)
+    }
+}
+
+/// A directory opened some other way (for reading, to change it through its descriptor).
+impl From<File> for Dir {
+    fn from(file: File) -> Dir {
+        Dir {
+            fd: OwnedFd::from(file),
+        }
     }
 }
 

@@ -145,7 +145,7 @@ fn json_size(entry: &EntryInfo) -> usize {
 }
 
 /// The parent directory's path and the last component of an absolute, clean path; `None` for
-/// `/`.
+/// `/`, which nothing may remove, move or replace.
 fn split(path: &Path) -> Option<(&Path, &OsStr)> {
     Some((path.parent()?, path.file_name()?))
 }
@@ -239,5 +239,25 @@ pub fn remove(caller: &Caller, path: &str) -> Result<(), Error> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error(&e, "error removing file or directory", &path)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checked here, on the pure function, and never by asking a daemon to remove `/`: one
+    /// that got it wrong would remove the test machine's filesystem.
+    #[test]
+    fn the_root_has_no_parent_to_act_in() {
+        assert_eq!(split(Path::new("/")), None);
+        assert_eq!(
+            split(Path::new("/home/user")),
+            Some((Path::new("/home"), OsStr::new("user")))
+        );
+        assert_eq!(
+            split(Path::new("/a")),
+            Some((Path::new("/"), OsStr::new("a")))
+        );
     }
 }
