@@ -3,9 +3,9 @@
 //!
 //! `std::process::Command` forks and execs; `sys::spawn` sets the child up before `exec`
 //! (session, terminal, groups and ids, working directory, and a clean start: default signal
-//! dispositions, an empty mask, the open-file limit the daemon was started with). The environment is built here and
-//! only here, from nothing (`env_clear`): the daemon's own variables, its token among them,
-//! never reach a child.
+//! dispositions, an empty mask, the open-file limit the daemon was started with). The
+//! environment is built here and only here, from nothing (`env_clear`): the daemon's own
+//! variables, its token among them, never reach a child.
 //!
 //! The daemon's ends of the pipes, and a terminal's master, are non-blocking: the I/O thread
 //! reads them when `poll` says so, and writes input the same way. The child's ends are its own

@@ -143,8 +143,7 @@ impl Table {
     fn find_key(&self, selector: &Selector) -> Option<Key> {
         match selector {
             Selector::Pid(pid) => {
-                let mut same_pid = self.with_pid(*pid);
-                let newest = same_pid.next_back()?;
+                let newest = self.with_pid(*pid).next_back()?;
                 let unreaped = self.with_pid(*pid).find(|(_, p)| p.exit.is_none());
                 Some(*unreaped.unwrap_or(newest).0)
             }

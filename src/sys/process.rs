@@ -1,7 +1,6 @@
 //! Process-wide settings and children: the open-file limit (and the one the daemon was started
-//! with, which children get back), signal masks, `sigwait`, waiting
-//! for children without blocking (`waitpid` with `WNOHANG`), and signals to a process or a
-//! process group.
+//! with, which children get back), signal masks, `sigwait`, waiting for children without
+//! blocking (`waitpid` with `WNOHANG`), and signals to a process or a process group.
 
 use std::io;
 use std::sync::OnceLock;

@@ -4,10 +4,11 @@
 //!
 //! Spawning itself is `std::process::Command`'s (argv and environment, the pipes, the `CLOEXEC`
 //! pipe that reports an `exec` error, `SIGPIPE` reset in the child; std keeps the parent's
-//! signal mask on purpose, so resetting it is this module's job). This module adds the one hook std runs last before `exec` ([`CommandExt::pre_exec`]), which is
-//! `unsafe` to install: the closure runs in the forked child of a multi-threaded process, where
-//! only async-signal-safe calls are sound. So it makes raw system calls on data prepared before
-//! the fork, and never allocates, locks or logs.
+//! signal mask on purpose, so resetting it is this module's job). This module adds the one hook
+//! std runs last before `exec` ([`CommandExt::pre_exec`]), which is `unsafe` to install: the
+//! closure runs in the forked child of a multi-threaded process, where only async-signal-safe
+//! calls are sound. So it makes raw system calls on data prepared before the fork, and never
+//! allocates, locks or logs.
 //!
 //! Order in the child, each step's failure ending the spawn with its errno (std's `spawn`
 //! returns it):
