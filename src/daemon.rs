@@ -1,7 +1,9 @@
 //! The daemon's life: bind, serve, and stop cleanly on SIGTERM or SIGINT.
 //!
 //! Signals are blocked in every thread and received here with `sigwait`, which also works as
-//! PID 1 (blocked signals are queued even for init). This thread is the one reaper of children
+//! PID 1 (blocked signals are queued even for init); the processes it starts get an empty mask
+//! and default dispositions back (`sys::spawn`), and the open-file limit found here before it
+//! is raised (`sys::process::started_nofile_limit`). This thread is the one reaper of children
 //! (`proc::reaper`): on `SIGCHLD` it reaps every exited child, handing the exits of the
 //! processes the service started to their table; as PID 1 those include the orphans the
 //! sandbox leaves it. On SIGTERM the process groups the service started get SIGTERM too.

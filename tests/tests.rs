@@ -25,6 +25,8 @@ mod faults;
 mod filesystem;
 // Directory watches: the WatchDir stream and the polled watchers, inotify underneath.
 mod filesystem_watch;
+// Process-service hardening (issue 21): clean children, process identity, exhausted descriptors.
+mod hardening_process;
 // The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.

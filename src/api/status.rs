@@ -45,6 +45,20 @@ fn fs_status(err: &FsError) -> u16 {
     }
 }
 
+/// Whether an OS error says something ran out (descriptors of the daemon or of the system,
+/// memory, processes, disk space or quota, inotify watches) rather than that the request was
+/// wrong or the daemon broken. The one decision of Connect's `resource_exhausted` for OS
+/// errors, used wherever the Connect services map them (`fs_code`, the filesystem service's
+/// `io_error`, the process service's start and hub errors).
+pub fn exhausted(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN | libc::ENOSPC | libc::EDQUOT
+        )
+    )
+}
+
 /// The Connect code of an [`FsError`], for the Connect services (envd's codes for the same
 /// cases).
 pub fn fs_code(err: &FsError) -> Code {
@@ -62,6 +76,7 @@ pub fn fs_code(err: &FsError) -> Code {
         FsError::UnknownUser(_) => Code::Unauthenticated,
         FsError::SourceNotFound(_) => Code::NotFound,
         FsError::DiskFull => Code::ResourceExhausted,
+        FsError::Io { source, .. } if exhausted(source) => Code::ResourceExhausted,
         FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             Code::PermissionDenied
         }
@@ -110,6 +125,24 @@ mod tests {
         for (err, code) in cases {
             assert_eq!(fs_code(&err), code, "{err}");
         }
+        let out_of_descriptors = FsError::io(
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+            "opening '/a'".into(),
+        );
+        assert_eq!(fs_code(&out_of_descriptors), Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn running_out_of_something_is_told_apart_from_a_bad_request() {
+        let errors = |errnos: &[i32]| -> Vec<bool> {
+            let errors = errnos.iter().map(|&e| std::io::Error::from_raw_os_error(e));
+            errors.map(|e| super::exhausted(&e)).collect()
+        };
+        // EMFILE 24, ENFILE 23, ENOMEM 12, EAGAIN 11, ENOSPC 28, EDQUOT 122 on Linux.
+        assert_eq!(errors(&[24, 23, 12, 11, 28, 122]), [true; 6]);
+        // ENOENT, EACCES, EPERM, EINVAL, EIO, E2BIG, ENOEXEC.
+        assert_eq!(errors(&[2, 13, 1, 22, 5, 7, 8]), [false; 7]);
+        assert!(!super::exhausted(&std::io::Error::other("no errno")));
     }
 
     use std::io;

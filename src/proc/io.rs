@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::table::{Process, REAP_RETRY_MAX};
+use super::table::{Key, Process, REAP_RETRY_MAX};
 use super::{Exit, OutputKind, Shared, State, Wake, SHUTDOWN_GRACE};
 use crate::log;
 use crate::sys::poll::{poll_ready, Interest};
@@ -33,7 +33,7 @@ enum Slot {
 
 /// A descriptor waited for this turn.
 struct Watched {
-    pid: u32,
+    key: Key,
     slot: Slot,
     file: Arc<File>,
     interest: Interest,
@@ -68,7 +68,7 @@ pub(super) fn run(shared: &Shared) {
             .zip(ready.iter().skip(1))
             .filter(|(_, ready)| **ready)
         {
-            let Some(process) = state.table.processes.get_mut(&watch.pid) else {
+            let Some(process) = state.table.processes.get_mut(&watch.key) else {
                 continue;
             };
             match watch.slot {
@@ -96,12 +96,12 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
         }
     };
     let mut anyone_listens = false;
-    for process in state.table.processes.values_mut() {
+    for (key, process) in &mut state.table.processes {
         if all_ready(process, wake) {
             for (index, output) in process.outputs.iter().enumerate() {
                 if let Some(file) = &output.file {
                     watched.push(Watched {
-                        pid: process.pid,
+                        key: *key,
                         slot: Slot::Output(index),
                         file: Arc::clone(file),
                         interest: Interest::Read,
@@ -111,7 +111,7 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
         }
         if let (false, Some(input)) = (process.pending_input.is_empty(), &process.input) {
             watched.push(Watched {
-                pid: process.pid,
+                key: *key,
                 slot: Slot::Input,
                 file: Arc::clone(input),
                 interest: Interest::Write,
@@ -242,7 +242,7 @@ fn write_input(process: &mut Process) {
 /// Everything that is not reading or writing: exits, ticks, kills, ends, the shutdown.
 fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
     let mut finished = Vec::new();
-    for process in state.table.processes.values_mut() {
+    for (key, process) in &mut state.table.processes {
         if let (None, Some((at, interval))) = (process.exit, process.reap_retry) {
             if at <= now {
                 reap(process, now, interval);
@@ -262,17 +262,17 @@ fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
             }
         }
         if process.finished() {
-            finished.push(process.pid);
+            finished.push(*key);
         }
     }
-    for pid in finished {
-        if let Some(process) = state.table.processes.get_mut(&pid) {
+    for key in finished {
+        if let Some(process) = state.table.processes.get_mut(&key) {
             // Signalled: what its outputs hold now is still told.
             for index in 0..process.outputs.len() {
                 read_output(process, index, buf, wake);
             }
         }
-        if let Some(process) = state.table.remove(pid, now) {
+        if let Some(process) = state.table.remove(key, now) {
             let Some(exit) = process.exit else { continue };
             for subscriber in process.subscribers {
                 subscriber.end(exit);

@@ -45,7 +45,7 @@ pub use spawn::{Config, OutputKind, Spec};
 pub use table::Selector;
 
 use crate::sys::poll::EventFd;
-use crate::sys::process::{self as sysproc, WaitStatus};
+use crate::sys::process as sysproc;
 use crate::sys::pty::{self, WindowSize};
 use table::{Output, Process, Table, INPUT_MAX};
 
@@ -299,17 +299,26 @@ impl Hub {
     /// Sends `signal` to the process's group: everything it started that stayed in it. After
     /// `SIGKILL` or `SIGTERM` its end is told at its exit, without waiting for descendants in
     /// other groups that keep its outputs open (envd stops waiting for output too).
+    ///
+    /// A process whose exit was reaped (listed because a descendant holds its outputs) is
+    /// never signalled: its pid, and so the id of its group once the group's last member
+    /// leaves, may already be another process's, and that cannot be ruled out atomically. The
+    /// call then succeeds without signalling anything; after `SIGKILL` or `SIGTERM` its end
+    /// (the exit it had) is told at once. Under the lock, an entry without an exit is not
+    /// reaped (the reaper hands exits over under it, `reaper`), so its pid is still its own.
     pub fn signal(&self, selector: &Selector, signal: libc::c_int) -> Result<(), ProcError> {
         let mut state = self.lock();
         let process = state
             .table
             .find(selector)
             .ok_or_else(|| ProcError::NotFound(selector.clone()))?;
-        match sysproc::kill_group(process.pid, signal) {
-            Ok(()) => {}
-            // Every member has been reaped: nothing is left to signal.
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(ProcError::Io(e)),
+        if process.exit.is_none() {
+            match sysproc::kill_group(process.pid, signal) {
+                Ok(()) => {}
+                // Every member has exited (the leader not yet reaped): nothing to signal.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(ProcError::Io(e)),
+            }
         }
         if signal == libc::SIGKILL || signal == libc::SIGTERM {
             process.cut = true;
@@ -411,17 +420,19 @@ impl Hub {
         self.wake();
     }
 
-    /// The reaper saw `pid` exit: a process of ours, or an orphan (ignored).
-    fn exited(&self, pid: u32, status: WaitStatus) {
+    /// Reaps every child that has exited (`reaper::reap_all`), handing each exit of ours to its
+    /// entry under the same hold of the lock as the wait: whoever holds the lock never sees a
+    /// reaped process without its exit, so never signals a pid that may be reused.
+    fn reap_all(&self) {
         let mut state = self.lock();
-        let Some(process) = state.table.processes.get_mut(&pid) else {
-            return;
-        };
-        if process.exit.is_none() {
-            process.exit = Some(Exit(status));
+        let mut ours = false;
+        while let Some((pid, status)) = sysproc::wait_any() {
+            ours |= state.table.exited(pid, Exit(status));
         }
         drop(state);
-        self.wake();
+        if ours {
+            self.wake();
+        }
     }
 }
 

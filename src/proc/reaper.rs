@@ -16,6 +16,11 @@
 //! - std's `spawn`, when `exec` fails, waits for that child itself (`waitpid(pid)`) and aborts
 //!   if the child is gone; a concurrent `waitpid(-1)` could take it first.
 //!
+//! The hub waits *under its own lock* and records each exit before letting go
+//! (`Hub::reap_all`), so that under that lock a process without an exit has not been reaped:
+//! its pid, and the id of its process group, cannot have been given to anyone else, and a
+//! signal to them reaches only it and its group. A reaped one is never signalled.
+//!
 //! Waiting for one known child (`sys::process::wait_pid`, as the I/O thread does when a
 //! process's outputs have closed) needs no lock: it can only take that child, which is ours.
 
@@ -34,10 +39,9 @@ pub fn spawning() -> RwLockReadGuard<'static, ()> {
 /// Reaps every child that has exited, handing the hub the exits of its processes.
 pub fn reap_all() {
     let _exclusive = SPAWNING.write().unwrap_or_else(|e| e.into_inner());
-    let hub = Hub::running();
-    while let Some((pid, status)) = wait_any() {
-        if let Some(hub) = &hub {
-            hub.exited(pid, status);
-        }
+    match Hub::running() {
+        Some(hub) => hub.reap_all(),
+        // No process was ever started: orphans only.
+        None => while wait_any().is_some() {},
     }
 }

@@ -2,9 +2,10 @@
 //! user it runs as, from a [`Spec`] the service made of the request.
 //!
 //! `std::process::Command` forks and execs; `sys::spawn` sets the child up before `exec`
-//! (session, terminal, groups and ids, working directory). The environment is built here and
-//! only here, from nothing (`env_clear`): the daemon's own variables, its token among them,
-//! never reach a child.
+//! (session, terminal, groups and ids, working directory, and a clean start: default signal
+//! dispositions, an empty mask, the open-file limit the daemon was started with). The
+//! environment is built here and only here, from nothing (`env_clear`): the daemon's own
+//! variables, its token among them, never reach a child.
 //!
 //! The daemon's ends of the pipes, and a terminal's master, are non-blocking: the I/O thread
 //! reads them when `poll` says so, and writes input the same way. The child's ends are its own
@@ -110,6 +111,8 @@ pub fn spawn(spec: &Spec) -> io::Result<Spawned> {
         credentials: spec.credentials.clone(),
         cwd: spec.cwd.clone(),
         controlling_terminal: spec.terminal.is_some(),
+        // The daemon raised its own soft limit; its children get the one it was started with.
+        open_files: crate::sys::process::started_nofile_limit(),
     };
     child::configure(&mut command, &setup)?;
     match spec.terminal {

@@ -8,6 +8,14 @@
 //! group may keep them open). Its exit is then kept for [`RETAIN_FOR`] (at most
 //! [`RETAIN_MAX`] exits), as envd does, so a `Connect` just after the end still learns it.
 //!
+//! **Identity.** A pid names a process only until the process is reaped; after that the kernel
+//! may give it to another. A process whose exit was reaped can still be listed (a descendant
+//! holds its outputs open), so entries are keyed by pid *and* a generation given at insertion
+//! ([`Key`]): a new process that gets the pid of a listed one is a second entry, and the old
+//! one still ends with its own end event. A request by pid finds the one not yet reaped (at
+//! most one: an unreaped pid cannot be reused), else the newest; an exit handed over by the
+//! reaper goes to the unreaped one.
+//!
 //! Everything here is under the hub's lock, taken by workers (start, attach, input, signals)
 //! and by the I/O thread; nothing under it waits.
 
@@ -45,6 +53,14 @@ impl std::fmt::Display for Selector {
             Selector::Tag(tag) => write!(f, "process with tag {tag}"),
         }
     }
+}
+
+/// A table entry's identity: its pid, and the generation that tells apart two processes the
+/// kernel gave the same pid (ordered by pid first, so the table lists by pid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Key {
+    pub pid: u32,
+    pub generation: u64,
 }
 
 /// One output stream of a process.
@@ -110,20 +126,60 @@ pub struct Retained {
 /// The table.
 #[derive(Default)]
 pub struct Table {
-    pub processes: BTreeMap<u32, Process>,
+    pub processes: BTreeMap<Key, Process>,
     retained: VecDeque<Retained>,
+    /// The generation of the next entry.
+    next_generation: u64,
 }
 
 impl Table {
-    /// The live process a selector names (by tag: the one with the lowest pid).
+    /// The live process a selector names: by pid, the one not yet reaped, else the newest; by
+    /// tag, the one with the lowest pid.
     pub fn find(&mut self, selector: &Selector) -> Option<&mut Process> {
+        let key = self.find_key(selector)?;
+        self.processes.get_mut(&key)
+    }
+
+    fn find_key(&self, selector: &Selector) -> Option<Key> {
         match selector {
-            Selector::Pid(pid) => self.processes.get_mut(pid),
+            Selector::Pid(pid) => {
+                let newest = self.with_pid(*pid).next_back()?;
+                let unreaped = self.with_pid(*pid).find(|(_, p)| p.exit.is_none());
+                Some(*unreaped.unwrap_or(newest).0)
+            }
             Selector::Tag(tag) => self
                 .processes
-                .values_mut()
-                .find(|p| p.tag.as_deref() == Some(tag.as_str())),
+                .iter()
+                .find(|(_, p)| p.tag.as_deref() == Some(tag.as_str()))
+                .map(|(key, _)| *key),
         }
+    }
+
+    fn with_pid(&self, pid: u32) -> std::collections::btree_map::Range<'_, Key, Process> {
+        let first = Key { pid, generation: 0 };
+        let last = Key {
+            pid,
+            generation: u64::MAX,
+        };
+        self.processes.range(first..=last)
+    }
+
+    /// The reaper saw `pid` exit: the exit goes to the entry with that pid not yet reaped (an
+    /// older entry with the pid was reaped before, so the exit cannot be its). False when no
+    /// entry waits for it (an orphan's).
+    pub fn exited(&mut self, pid: u32, exit: Exit) -> bool {
+        let Some(key) = self
+            .with_pid(pid)
+            .find(|(_, p)| p.exit.is_none())
+            .map(|(key, _)| *key)
+        else {
+            return false;
+        };
+        if let Some(process) = self.processes.get_mut(&key) {
+            process.exit = Some(exit);
+            process.reap_retry = None;
+        }
+        true
     }
 
     /// The remembered end of a process a selector names, if it ended lately.
@@ -139,17 +195,25 @@ impl Table {
             .cloned()
     }
 
-    /// Adds a new process; a remembered end under its pid or tag belongs to a predecessor and
-    /// is forgotten.
-    pub fn insert(&mut self, process: Process) {
+    /// Adds a new process under a key of its own (a listed process with the same pid stays,
+    /// see the module's doc); a remembered end under its pid or tag belongs to a predecessor
+    /// and is forgotten.
+    pub fn insert(&mut self, process: Process) -> Key {
         self.retained
             .retain(|r| r.pid != process.pid && (r.tag.is_none() || r.tag != process.tag));
-        self.processes.insert(process.pid, process);
+        let key = Key {
+            pid: process.pid,
+            generation: self.next_generation,
+        };
+        self.next_generation += 1;
+        self.processes.insert(key, process);
+        key
     }
 
     /// Takes a finished process out, remembering its end.
-    pub fn remove(&mut self, pid: u32, now: Instant) -> Option<Process> {
-        let process = self.processes.remove(&pid)?;
+    pub fn remove(&mut self, key: Key, now: Instant) -> Option<Process> {
+        let pid = key.pid;
+        let process = self.processes.remove(&key)?;
         if let Some(exit) = process.exit {
             self.forget_expired(now);
             if self.retained.len() >= RETAIN_MAX {
@@ -207,7 +271,9 @@ mod tests {
             Some(10)
         );
         assert!(table.find(&Selector::Tag("db".into())).is_none());
-        assert!(table.remove(10, now).is_some());
+        let key = |pid| *table.processes.keys().find(|k| k.pid == pid).unwrap();
+        let (ten, twenty) = (key(10), key(20));
+        assert!(table.remove(ten, now).is_some());
         assert!(table.find(&Selector::Pid(10)).is_none());
         let kept = table.retained(&Selector::Pid(10), now).unwrap();
         assert_eq!(kept.exit, Exit(WaitStatus::Exited(0)));
@@ -216,9 +282,53 @@ mod tests {
         assert!(table
             .retained(&Selector::Pid(10), now + RETAIN_FOR)
             .is_none());
-        table.remove(20, now);
+        table.remove(twenty, now);
         table.insert(process(30, Some("web")));
         assert!(table.retained(&Selector::Pid(20), now).is_none());
+    }
+
+    #[test]
+    fn a_reused_pid_is_a_second_entry_and_requests_find_the_unreaped_one() {
+        let mut table = Table::default();
+        let now = Instant::now();
+        // Reaped, but listed: a descendant holds its output open.
+        let mut old = process(10, Some("old"));
+        old.exit = Some(Exit(WaitStatus::Exited(3)));
+        let old_key = table.insert(old);
+        // The kernel gives pid 10 to a new process.
+        let mut new = process(10, Some("new"));
+        new.exit = None;
+        let new_key = table.insert(new);
+        assert_ne!(old_key, new_key);
+        assert_eq!(table.processes.len(), 2, "the old entry is not replaced");
+        let found = table.find(&Selector::Pid(10)).unwrap();
+        assert_eq!(found.tag.as_deref(), Some("new"), "the unreaped one");
+        // The reaper's exit for pid 10 is the new one's: the old one was reaped before.
+        assert!(table.exited(10, Exit(WaitStatus::Exited(7))));
+        assert_eq!(
+            table.processes[&old_key].exit,
+            Some(Exit(WaitStatus::Exited(3)))
+        );
+        assert_eq!(
+            table.processes[&new_key].exit,
+            Some(Exit(WaitStatus::Exited(7)))
+        );
+        assert!(!table.exited(10, Exit(WaitStatus::Exited(0))), "none waits");
+        assert!(!table.exited(11, Exit(WaitStatus::Exited(0))), "an orphan");
+        // Both reaped: by pid, the newest.
+        assert_eq!(
+            table.find(&Selector::Pid(10)).unwrap().tag.as_deref(),
+            Some("new")
+        );
+        // Each leaves with its own end.
+        let old = table.remove(old_key, now).unwrap();
+        assert_eq!(old.exit, Some(Exit(WaitStatus::Exited(3))));
+        assert_eq!(
+            table.find(&Selector::Pid(10)).unwrap().tag.as_deref(),
+            Some("new")
+        );
+        assert!(table.remove(new_key, now).is_some());
+        assert!(table.find(&Selector::Pid(10)).is_none());
     }
 
     #[test]
@@ -226,8 +336,8 @@ mod tests {
         let mut table = Table::default();
         let now = Instant::now();
         for pid in 1..=u32::try_from(RETAIN_MAX).unwrap() + 1 {
-            table.insert(process(pid, None));
-            table.remove(pid, now);
+            let key = table.insert(process(pid, None));
+            table.remove(key, now);
         }
         assert!(table.retained(&Selector::Pid(1), now).is_none());
         assert!(table.retained(&Selector::Pid(2), now).is_some());

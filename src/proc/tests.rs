@@ -298,3 +298,103 @@ fn shutdown_terms_every_group_and_refuses_new_processes() {
         Err(ProcError::ShuttingDown)
     ));
 }
+
+/// An entry for a process that exited and was reaped (with `exit`) but is still listed: a
+/// descendant holds its output, the socket whose other end is returned. Its pid is `pid`, which
+/// the kernel may since have given to another process.
+fn listed_after_reap(
+    hub: &Hub,
+    pid: u32,
+    exit: Exit,
+    watcher: &Watcher,
+) -> std::os::unix::net::UnixStream {
+    let (ours, held) = std::os::unix::net::UnixStream::pair().unwrap();
+    let output = std::fs::File::from(std::os::fd::OwnedFd::from(ours));
+    crate::sys::poll::set_nonblocking(output.as_fd()).unwrap();
+    hub.lock().table.insert(Process {
+        pid,
+        tag: None,
+        config: Config::default(),
+        outputs: vec![Output {
+            kind: OutputKind::Stdout,
+            file: Some(Arc::new(output)),
+        }],
+        input: None,
+        pending_input: Default::default(),
+        close_input: false,
+        terminal: None,
+        subscribers: vec![watcher.subscriber()],
+        exit: Some(exit),
+        cut: false,
+        kill_at: None,
+        reap_retry: None,
+    });
+    hub.wake();
+    held
+}
+
+/// How `pid`, a child of this test, ended (waiting at most 10 s).
+fn wait_child(pid: u32) -> WaitStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = sysproc::wait_pid(pid).unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "child {pid} did not exit");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// Forced pid reuse: the listed, reaped entry is given the pid of an unrelated live process,
+// leader of its own group, as if the kernel had reused the pid.
+#[allow(clippy::zombie_processes)] // reaped by `wait_child`
+#[test]
+fn a_reaped_process_is_never_signalled_even_when_its_pid_is_anothers() {
+    use std::os::unix::process::CommandExt;
+    let hub = hub();
+    let unrelated = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = unrelated.id();
+    let watcher = Watcher::new();
+    let _held = listed_after_reap(&hub, pid, Exit(WaitStatus::Exited(3)), &watcher);
+    hub.signal(&Selector::Pid(pid), libc::SIGKILL).unwrap();
+    // Its end is told at once, with the exit it had.
+    assert_eq!(watcher.exit(), Exit(WaitStatus::Exited(3)));
+    assert!(hub.list().is_empty());
+    // The unrelated process got nothing: SIGTERM, sent now, is what ends it. (A SIGKILL sent
+    // before would have decided its end when it was sent.)
+    sysproc::kill(pid, libc::SIGTERM).unwrap();
+    assert_eq!(
+        wait_child(pid),
+        WaitStatus::Signaled {
+            signal: libc::SIGTERM,
+            core: false
+        }
+    );
+}
+
+#[test]
+fn a_new_process_with_a_listed_pid_leaves_the_old_entry_its_own_end() {
+    let hub = hub();
+    let live = Watcher::new();
+    let pid = hub
+        .start(&spec("sleep", &["30"]), None, |_| live.subscriber())
+        .unwrap();
+    // A predecessor with the same pid, reaped but still listed.
+    let old = Watcher::new();
+    let held = listed_after_reap(&hub, pid, Exit(WaitStatus::Exited(3)), &old);
+    let pids: Vec<u32> = hub.list().iter().map(|p| p.pid).collect();
+    assert_eq!(pids, [pid, pid], "two entries, neither replaced");
+    // By pid, the unreaped one is signalled; the old one is not ended by it.
+    hub.signal(&Selector::Pid(pid), libc::SIGTERM).unwrap();
+    assert_eq!(live.exit().status(), "signal: terminated");
+    assert_eq!(hub.list().len(), 1);
+    assert!(old.seen.lock().unwrap().exit.is_none());
+    // Its output reaches end of file: the old entry ends with its own exit.
+    drop(held);
+    assert_eq!(old.exit(), Exit(WaitStatus::Exited(3)));
+    assert!(hub.list().is_empty());
+}

@@ -1,12 +1,23 @@
-//! Process-wide settings and children: the open-file limit, signal masks, `sigwait`, waiting
-//! for children without blocking (`waitpid` with `WNOHANG`), and signals to a process or a
-//! process group.
+//! Process-wide settings and children: the open-file limit (and the one the daemon was started
+//! with, which children get back), signal masks, `sigwait`, waiting for children without
+//! blocking (`waitpid` with `WNOHANG`), and signals to a process or a process group.
 
 use std::io;
+use std::sync::OnceLock;
 
 use super::check;
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft limit.
+/// The `RLIMIT_NOFILE` the daemon was started with (soft, hard), before
+/// [`raise_nofile_limit`]; children get it back (`sys::spawn`).
+static STARTED_NOFILE: OnceLock<(u64, u64)> = OnceLock::new();
+
+/// The open-file limit (soft, hard) the daemon was started with, once it raised its own.
+pub fn started_nofile_limit() -> Option<(u64, u64)> {
+    STARTED_NOFILE.get().copied()
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft limit. The limit
+/// found is remembered first ([`started_nofile_limit`]).
 pub fn raise_nofile_limit() -> io::Result<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -14,6 +25,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
     };
     // SAFETY: `limit` is a valid rlimit the kernel writes into.
     check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) })?;
+    let _ = STARTED_NOFILE.set((limit.rlim_cur, limit.rlim_max));
     if limit.rlim_cur < limit.rlim_max {
         limit.rlim_cur = limit.rlim_max;
         // SAFETY: `limit` is a valid, initialised rlimit the kernel only reads.

@@ -1,12 +1,14 @@
 //! What a child does between `fork` and `exec`: a session of its own, optionally a controlling
-//! terminal, a lower OOM priority, the user's groups and ids, and its working directory.
+//! terminal, a lower OOM priority, the open-file limit, the user's groups and ids, its working
+//! directory, and signals as if nobody had touched them.
 //!
 //! Spawning itself is `std::process::Command`'s (argv and environment, the pipes, the `CLOEXEC`
-//! pipe that reports an `exec` error, the signal mask and `SIGPIPE` reset in the child). This
-//! module adds the one hook std runs last before `exec` ([`CommandExt::pre_exec`]), which is
-//! `unsafe` to install: the closure runs in the forked child of a multi-threaded process, where
-//! only async-signal-safe calls are sound. So it makes raw system calls on data prepared before
-//! the fork, and never allocates, locks or logs.
+//! pipe that reports an `exec` error, `SIGPIPE` reset in the child; std keeps the parent's
+//! signal mask on purpose, so resetting it is this module's job). This module adds the one hook
+//! std runs last before `exec` ([`CommandExt::pre_exec`]), which is `unsafe` to install: the
+//! closure runs in the forked child of a multi-threaded process, where only async-signal-safe
+//! calls are sound. So it makes raw system calls on data prepared before the fork, and never
+//! allocates, locks or logs.
 //!
 //! Order in the child, each step's failure ending the spawn with its errno (std's `spawn`
 //! returns it):
@@ -18,10 +20,17 @@
 //! 3. `oom_score_adj` 100 (best effort), as envd gives its children: a daemon protected from
 //!    the OOM killer must not pass that protection to user code. Before dropping privileges,
 //!    since a non-root process may find its own `/proc/self` files owned by root.
-//! 4. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
+//! 4. The open-file limit the daemon was started with (it raised its own soft limit), while
+//!    setting a hard limit is still allowed.
+//! 5. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
 //!    `setresuid`, as raw system calls (libc's wrappers broadcast to every thread, which in a
 //!    forked child is at best pointless).
-//! 5. `chdir` to the working directory, as the user: a directory they may not enter fails.
+//! 6. `chdir` to the working directory, as the user: a directory they may not enter fails.
+//! 7. Signals, last: every disposition back to its default (an ignored one survives `exec`: a
+//!    daemon started under `nohup`, or with `SIGPIPE` ignored, must not pass that on), then an
+//!    empty mask (the daemon blocks `SIGTERM`, `SIGINT` and `SIGCHLD` in every thread to
+//!    `sigwait` them, and a mask survives `fork` and `exec`). Raw system calls again: musl's
+//!    `sigaction` may take a lock, its `setrlimit` signals every thread.
 
 use std::ffi::CString;
 use std::io;
@@ -48,6 +57,8 @@ pub struct ChildSetup {
     pub cwd: std::path::PathBuf,
     /// fd 0 is a terminal to make the controlling one.
     pub controlling_terminal: bool,
+    /// The `RLIMIT_NOFILE` (soft, hard) to give the child; `None`: the daemon's own.
+    pub open_files: Option<(u64, u64)>,
 }
 
 const OOM_SCORE_ADJ: &[u8] = b"/proc/self/oom_score_adj\0";
@@ -63,6 +74,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         (c.uid, c.gid, groups)
     });
     let terminal = setup.controlling_terminal;
+    let open_files = setup.open_files.map(|(soft, hard)| [soft, hard]);
     let hook = move || -> io::Result<()> {
         // SAFETY: setsid takes no arguments and only changes this (single-threaded, forked)
         // process's session.
@@ -77,6 +89,9 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
             }
         }
         raise_oom_score();
+        if let Some(limit) = &open_files {
+            set_open_files(limit)?;
+        }
         if let Some((uid, gid, groups)) = &credentials {
             set_credentials(*uid, *gid, groups)?;
         }
@@ -84,12 +99,13 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         if unsafe { libc::chdir(cwd.as_ptr()) } == -1 {
             return Err(io::Error::last_os_error());
         }
-        Ok(())
+        reset_signals()
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // raw system calls (setsid, ioctl, open, write, close, setgroups, setresgid, setresuid,
-    // chdir) on data captured before the fork; it allocates nothing, takes no lock and touches
-    // no state shared with other threads of the parent.
+    // raw system calls (setsid, ioctl, open, write, close, prlimit64, setgroups, setresgid,
+    // setresuid, chdir, rt_sigaction, rt_sigprocmask) on data captured before the fork; it
+    // allocates nothing, takes no lock and touches no state shared with other threads of the
+    // parent.
     unsafe {
         command.pre_exec(hook);
     }
@@ -117,6 +133,75 @@ fn raise_oom_score() {
             libc::close(fd);
         }
     }
+}
+
+/// The kernel's `NSIG` on the architectures sandboxd is built for (x86_64, aarch64).
+const KERNEL_NSIG: libc::c_int = 64;
+/// The kernel's `sigset_t`: one bit per signal, 64 signals.
+const KERNEL_SIGSET_SIZE: usize = 8;
+
+/// The kernel's `struct sigaction` all zero: handler `SIG_DFL` (0), no flags, no restorer, an
+/// empty mask. Four words cover its layout with a restorer (x86_64, aarch64) and without; the
+/// kernel reads only its own size.
+const DEFAULT_ACTION: [u64; 4] = [0; 4];
+
+/// Every signal's disposition to its default, then an empty mask: the child starts as if its
+/// parent had never touched a signal.
+fn reset_signals() -> io::Result<()> {
+    for signal in 1..=KERNEL_NSIG {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `DEFAULT_ACTION` is a static, zeroed kernel sigaction (SIG_DFL) the kernel
+        // only reads; no old action is asked for (null); the size is the kernel's sigset.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signal,
+                DEFAULT_ACTION.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                KERNEL_SIGSET_SIZE,
+            )
+        };
+        if ret == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let empty: u64 = 0;
+    // SAFETY: `empty` is a live kernel sigset (no signal) the kernel only reads; no old mask
+    // is asked for (null).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const u64,
+            std::ptr::null_mut::<u64>(),
+            KERNEL_SIGSET_SIZE,
+        )
+    };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `RLIMIT_NOFILE` to `limit` (soft, hard) for this process alone.
+fn set_open_files(limit: &[u64; 2]) -> io::Result<()> {
+    // SAFETY: `limit` is a live kernel rlimit64 (two u64: soft, hard) the kernel only reads;
+    // pid 0 is this process; no old limit is asked for (null).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NOFILE,
+            limit.as_ptr(),
+            std::ptr::null_mut::<u64>(),
+        )
+    };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Groups first, then gid, then uid: each later step drops the privilege the earlier need.
@@ -161,6 +246,7 @@ mod tests {
             credentials: None,
             cwd: dir.path().to_path_buf(),
             controlling_terminal: false,
+            open_files: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();
@@ -182,6 +268,7 @@ mod tests {
             credentials: None,
             cwd: "/nonexistent/dir".into(),
             controlling_terminal: false,
+            open_files: None,
         };
         configure(&mut command, &setup).unwrap();
         let error = command.spawn().unwrap_err();
@@ -191,6 +278,58 @@ mod tests {
             ..setup
         };
         assert!(configure(&mut Command::new("true"), &setup).is_err());
+    }
+
+    /// A field of `/proc/self/status` as the child's shell printed it.
+    fn status_field<'a>(text: &'a str, name: &str) -> &'a str {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+    }
+
+    // The child is reaped by `output`; the blocked and ignored signals are this thread's and
+    // restored before the test ends.
+    #[test]
+    fn the_child_starts_with_default_signals_and_the_given_open_file_limit() {
+        // A blocked and an ignored signal in the parent, as the daemon (blocked SIGTERM,
+        // SIGINT, SIGCHLD) or its own parent (nohup: SIGHUP ignored) leaves them. Blocked in
+        // this thread only: the fork copies the calling thread's mask.
+        // SAFETY: plain sigset manipulation on local data; pthread_sigmask changes this
+        // thread's mask and gives the old one back, restored below; SIG_IGN for SIGURG
+        // (default: ignore anyway) changes nothing observable for the test harness.
+        let (old_mask, old_action) = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            assert_eq!(libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old), 0);
+            let old_action = libc::signal(libc::SIGURG, libc::SIG_IGN);
+            (old, old_action)
+        };
+        let mut command = Command::new("sh");
+        command.args(["-c", "cat /proc/self/status; ulimit -Sn; ulimit -Hn"]);
+        let setup = ChildSetup {
+            credentials: None,
+            cwd: "/".into(),
+            controlling_terminal: false,
+            open_files: Some((77, 99)),
+        };
+        configure(&mut command, &setup).unwrap();
+        let output = command.output();
+        // SAFETY: restores the mask and disposition taken above.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
+            libc::signal(libc::SIGURG, old_action);
+        }
+        let output = output.unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let text = String::from_utf8(output.stdout).unwrap();
+        assert_eq!(status_field(&text, "SigBlk:"), "0000000000000000");
+        assert_eq!(status_field(&text, "SigIgn:"), "0000000000000000");
+        let limits: Vec<&str> = text.lines().rev().take(2).collect();
+        assert_eq!(limits, ["99", "77"], "{text}");
     }
 
     #[test]
@@ -209,6 +348,7 @@ mod tests {
             }),
             cwd: "/".into(),
             controlling_terminal: false,
+            open_files: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();

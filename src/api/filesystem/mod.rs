@@ -137,11 +137,11 @@ impl Caller {
 /// An OS error met doing `what` on `path`, as a Connect error.
 fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
     let code = match error.kind() {
+        _ if crate::api::status::exhausted(error) => Code::ResourceExhausted,
         io::ErrorKind::NotFound => Code::NotFound,
         io::ErrorKind::PermissionDenied => Code::PermissionDenied,
         io::ErrorKind::AlreadyExists => Code::AlreadyExists,
         _ => match error.raw_os_error() {
-            Some(libc::ENOSPC | libc::EDQUOT) => Code::ResourceExhausted,
             Some(libc::ENOTDIR | libc::EISDIR | libc::ENAMETOOLONG | libc::EINVAL) => {
                 Code::InvalidArgument
             }
@@ -164,6 +164,8 @@ mod tests {
         assert_eq!(code(libc::EACCES), Code::PermissionDenied);
         assert_eq!(code(libc::EEXIST), Code::AlreadyExists);
         assert_eq!(code(libc::ENOSPC), Code::ResourceExhausted);
+        assert_eq!(code(libc::EMFILE), Code::ResourceExhausted);
+        assert_eq!(code(libc::ENFILE), Code::ResourceExhausted);
         assert_eq!(code(libc::ENOTDIR), Code::InvalidArgument);
         assert_eq!(code(libc::ENOTEMPTY), Code::FailedPrecondition);
         assert_eq!(code(libc::EIO), Code::Internal);

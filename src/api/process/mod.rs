@@ -19,6 +19,7 @@ mod stream;
 use std::sync::Arc;
 
 use crate::api::rpc::{self, failed, keepalive_interval, Kind};
+use crate::api::status::exhausted;
 use crate::app::App;
 use crate::connect::{self, Call, Code, Error};
 use crate::http::{Action, Head, Response};
@@ -83,14 +84,24 @@ fn run(
 /// file limit.
 fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
-        let code = match e.raw_os_error() {
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN) => {
-                Code::ResourceExhausted
-            }
-            _ => Code::Internal,
+        let code = if exhausted(&e) {
+            Code::ResourceExhausted
+        } else {
+            Code::Internal
         };
         Error::new(code, format!("cannot start the process I/O thread: {e}"))
     })
+}
+
+/// The code of a failed start: envd's `invalid_argument` (a missing program, a directory the
+/// user may not enter), unless something ran out (descriptors for the pipes or the terminal,
+/// memory, processes): `resource_exhausted`, not the client's fault.
+fn spawn_code(error: &std::io::Error) -> Code {
+    if exhausted(error) {
+        Code::ResourceExhausted
+    } else {
+        Code::InvalidArgument
+    }
 }
 
 /// A hub error as a Connect error with envd's code and words; `context` says what was being
@@ -101,7 +112,8 @@ fn proc_error(error: ProcError, context: &str) -> Error {
         ProcError::NotFound(_) => Error::new(Code::NotFound, error.to_string()),
         ProcError::ShuttingDown => Error::new(Code::Unavailable, error.to_string()),
         ProcError::InputFull => Error::new(Code::ResourceExhausted, error.to_string()),
-        ProcError::Spawn(_) => with_context(Code::InvalidArgument),
+        ProcError::Io(e) if exhausted(e) => with_context(Code::ResourceExhausted),
+        ProcError::Spawn(e) => with_context(spawn_code(e)),
         ProcError::TerminalStdin => with_context(Code::Unknown),
         ProcError::NoStdin
         | ProcError::WrongInput { .. }
@@ -141,6 +153,25 @@ mod tests {
         assert_eq!(
             proc_error(ProcError::ShuttingDown, "x").code,
             Code::Unavailable
+        );
+        // Out of descriptors, memory or processes: not the client's fault (envd's
+        // invalid_argument stays for a spawn the request made fail).
+        let os = |errno| std::io::Error::from_raw_os_error(errno);
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EAGAIN] {
+            let error = proc_error(ProcError::Spawn(os(errno)), "error starting process");
+            assert_eq!(error.code, Code::ResourceExhausted, "{}", error.message);
+            assert_eq!(
+                proc_error(ProcError::Io(os(errno)), "x").code,
+                Code::ResourceExhausted
+            );
+        }
+        for errno in [libc::ENOENT, libc::EACCES, libc::ENOEXEC] {
+            let code = proc_error(ProcError::Spawn(os(errno)), "x").code;
+            assert_eq!(code, Code::InvalidArgument);
+        }
+        assert_eq!(
+            proc_error(ProcError::Io(os(libc::EPERM)), "x").code,
+            Code::Internal
         );
     }
 }

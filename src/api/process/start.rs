@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::messages::{selector, ProcessConfig, PtySize, SelectorRequest, StartRequest};
 use super::stream::ProcessStream;
-use super::{hub, proc_error};
+use super::{hub, proc_error, spawn_code};
 use crate::api::rpc::{api_error, failed};
 use crate::app::App;
 use crate::connect::{Call, Error};
@@ -94,12 +94,15 @@ fn start_process(
             Box::new(stream)
         })
         .map_err(|error| match error {
-            ProcError::Spawn(error) => Error::invalid_argument(format!(
-                "error starting process '{}' in '{}' as {}: {error}",
-                command_line(&config),
-                spec.cwd.display(),
-                user.name
-            )),
+            ProcError::Spawn(error) => Error::new(
+                spawn_code(&error),
+                format!(
+                    "error starting process '{}' in '{}' as {}: {error}",
+                    command_line(&config),
+                    spec.cwd.display(),
+                    user.name
+                ),
+            ),
             other => proc_error(other, "error starting process"),
         })?;
     Ok(response)

@@ -142,9 +142,10 @@ fn directory(caller: &Caller, request: &WatchRequest) -> Result<PathBuf, Error> 
 /// The daemon's watcher; failing to start it is usually the user's inotify instance limit.
 fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
-        let code = match e.raw_os_error() {
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => Code::ResourceExhausted,
-            _ => Code::Internal,
+        let code = if crate::api::status::exhausted(&e) {
+            Code::ResourceExhausted
+        } else {
+            Code::Internal
         };
         Error::new(
             code,
