@@ -138,6 +138,7 @@ impl Caller {
 fn io_error(error: &io::Error, what: &str, path: &Path) -> Error {
     let code = match error.kind() {
         _ if crate::api::status::exhausted(error) => Code::ResourceExhausted,
+        _ if crate::fs::walk::is_moved(error) => Code::Aborted,
         io::ErrorKind::NotFound => Code::NotFound,
         io::ErrorKind::PermissionDenied => Code::PermissionDenied,
         io::ErrorKind::AlreadyExists => Code::AlreadyExists,

@@ -46,9 +46,18 @@ pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirRespon
         }
         _ => io_error(&e, "path not found", &requested),
     })?;
+    // envd's code for a walk that failed is `internal`; running out of something, or a
+    // directory moved under the walk, is said so (`super::io_error`'s codes for them).
     let reading = |e: io::Error| {
+        let code = if crate::api::status::exhausted(&e) {
+            Code::ResourceExhausted
+        } else if walk::is_moved(&e) {
+            Code::Aborted
+        } else {
+            Code::Internal
+        };
         Error::new(
-            Code::Internal,
+            code,
             format!("error reading directory {}: {e}", requested.display()),
         )
     };
