@@ -1,25 +1,28 @@
-//! Directory watches for the whole daemon: one inotify instance and one thread, however many
-//! watches there are (SPEC §9b's `WatchDir` and watchers).
+//! Directory watches for the whole daemon: one inotify instance per watch, and one thread
+//! however many watches there are (SPEC §9b's `WatchDir` and watchers).
 //!
 //! A watch is a root directory (and, recursively, every directory below it) and a [`Sink`]: its
 //! owner's side, told each [`Change`] and ticked when it asks for a moment (a keep-alive, a
-//! deadline, an expiry). The [`Hub`] owns the inotify descriptor and the table of watched
-//! directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
+//! deadline, an expiry). The [`Hub`] owns the watches, each with its inotify descriptor and its
+//! table of watched directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
 //! event buffers are the owner's business (`api::filesystem::watch`).
 //!
-//! **The watcher thread** waits in `poll(2)` on the inotify descriptor and on an eventfd, with
+//! **The watcher thread** waits in `poll(2)` on every watch's inotify descriptor and on an
+//! eventfd, with
 //! a timeout for the earliest tick a sink asked for. It reads events, applies them under the
 //! hub's lock and hands the changes to the sinks, which must never block (a stream's queue is
 //! bounded: a client that does not keep up is the sink's to end). A worker setting up a watch
 //! adds its directories itself, taking the lock for each one, and signals the eventfd so the
-//! thread rereads the ticks; removing a watch needs no signal. So no worker waits for the
-//! thread and the thread waits for nobody.
+//! thread polls its descriptor and rereads the ticks; removing a watch needs no signal (the
+//! thread holds the descriptor until its poll returns). So no thread waits for another.
 //!
-//! One descriptor for everything means one kernel queue (`fs.inotify.max_queued_events`, 16384
-//! by default): if it overflows, events of every watch are lost, and every watch ends. It also
-//! means one instance out of the user's `fs.inotify.max_user_instances` (128 by default), where
-//! envd takes one per watch. The user's watch limit (`fs.inotify.max_user_watches`) counts each
-//! directory once however many watches include it; reaching it is [`WatchError::Limit`].
+//! One instance per watch (as envd's) means one kernel queue per watch
+//! (`fs.inotify.max_queued_events`, 16384 by default): a flood in one watch overflows its
+//! queue only, and ends that watch only. Each takes one of the user's
+//! `fs.inotify.max_user_instances` (128 by default, shared with every root process): past it a
+//! new watch is [`WatchError::Instances`]. The user's watch limit
+//! (`fs.inotify.max_user_watches`) counts each directory once per watch that includes it;
+//! reaching it is [`WatchError::Limit`].
 
 pub mod ops;
 mod state;
@@ -81,6 +84,9 @@ pub enum Ended {
 /// Why a directory could not be watched.
 #[derive(Debug)]
 pub enum WatchError {
+    /// No inotify instance for a new watch (`EMFILE`: the user's
+    /// `fs.inotify.max_user_instances`; `ENFILE`, `ENOMEM`).
+    Instances(io::Error),
     /// `ENOSPC`: the user's inotify watch limit is reached.
     Limit {
         path: PathBuf,
@@ -94,6 +100,16 @@ pub enum WatchError {
 impl fmt::Display for WatchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            WatchError::Instances(error) => {
+                let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+                    .map(|text| text.trim().to_string())
+                    .unwrap_or_else(|_| "?".to_string());
+                write!(
+                    f,
+                    "cannot start another watch: {error} (each watch takes an inotify instance; \
+                     fs.inotify.max_user_instances = {limit}); end a watch or raise the limit"
+                )
+            }
             WatchError::Limit { path } => {
                 let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
                     .map(|text| text.trim().to_string())
@@ -114,14 +130,13 @@ impl fmt::Display for WatchError {
 
 impl std::error::Error for WatchError {}
 
-/// The watcher: a handle to the inotify instance, its thread and its state. Clones share them.
+/// The watcher: a handle to the watches, their thread and their state. Clones share them.
 #[derive(Clone)]
 pub struct Hub {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    kernel: Arc<Inotify>,
     wake: EventFd,
     state: Mutex<State>,
 }
@@ -130,8 +145,8 @@ struct Shared {
 static GLOBAL: Mutex<Option<Hub>> = Mutex::new(None);
 
 impl Hub {
-    /// The daemon's hub, started on first use. A failure to start (the user's inotify instance
-    /// limit, no descriptors) is not kept: the next call tries again.
+    /// The daemon's hub, started on first use. A failure to start (no descriptors, no thread)
+    /// is not kept: the next call tries again.
     pub fn global() -> io::Result<Hub> {
         let mut global = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(hub) = global.as_ref() {
@@ -144,10 +159,8 @@ impl Hub {
 
     /// A hub of its own, with its own thread (which lives as long as the process).
     pub fn start() -> io::Result<Hub> {
-        let kernel = Arc::new(Inotify::new()?);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(Arc::clone(&kernel))),
-            kernel,
+            state: Mutex::new(State::new()),
             wake: EventFd::new()?,
         });
         let thread_shared = Arc::clone(&shared);
@@ -167,7 +180,12 @@ impl Hub {
         recursive: bool,
         sink: Box<dyn Sink>,
     ) -> Result<WatchId, WatchError> {
-        let id = lock(&self.shared.state).insert(root, recursive, sink);
+        let kernel = Inotify::new().map_err(WatchError::Instances)?;
+        let id = lock(&self.shared.state).insert(root, recursive, sink, kernel);
+        // Polled from now: events of the directories added below are read as they come.
+        if let Err(error) = self.shared.wake.signal() {
+            log::line(format_args!("cannot wake the watcher thread: {error}"));
+        }
         let tree = Tree {
             watch: id,
             abs: root,
@@ -179,9 +197,6 @@ impl Hub {
         if let Err(error) = add_tree(&mut Locked(&self.shared.state), &tree) {
             lock(&self.shared.state).remove(id);
             return Err(error);
-        }
-        if let Err(error) = self.shared.wake.signal() {
-            log::line(format_args!("cannot wake the watcher thread: {error}"));
         }
         Ok(id)
     }
@@ -204,19 +219,25 @@ impl Hub {
 /// The watcher thread: waits for events or the next tick, forever.
 fn run(shared: &Shared) {
     let mut buf = vec![0u8; READ_BUFFER];
-    let mut held = 0;
     loop {
-        let timeout = lock(&shared.state)
-            .next_tick()
-            .map(|at| at.saturating_duration_since(Instant::now()));
-        let fds = [shared.kernel.as_fd(), shared.wake.as_fd()];
+        let (kernels, timeout) = {
+            let state = lock(&shared.state);
+            let timeout = state
+                .next_tick()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+            (state.kernels(), timeout)
+        };
+        let mut fds = vec![shared.wake.as_fd()];
+        fds.extend(kernels.iter().map(|(_, kernel)| kernel.as_fd()));
         match poll_readable(&fds, timeout) {
             Ok(ready) => {
-                if ready.get(1) == Some(&true) {
+                if ready.first() == Some(&true) {
                     let _ = shared.wake.drain();
                 }
-                if ready.first() == Some(&true) {
-                    held = read_events(shared, &mut buf, held);
+                for ((id, kernel), ready) in kernels.iter().zip(ready.iter().skip(1)) {
+                    if *ready {
+                        read_events(shared, *id, kernel, &mut buf);
+                    }
                 }
             }
             Err(error) => {
@@ -228,14 +249,15 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Reads and applies what the kernel has queued; `held` bytes of a record cut off by the
-/// previous read are at the start of `buf`. Returns how many are held now.
-fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
+/// Reads and applies what the kernel has queued for watch `id`. A record cut off by the end of
+/// a read is carried to the next one (the kernel returns whole records, so it never is).
+fn read_events(shared: &Shared, id: WatchId, kernel: &Inotify, buf: &mut [u8]) {
+    let mut held = 0;
     for _ in 0..READS_PER_TURN {
         let Some(free) = buf.get_mut(held..) else {
-            return 0;
+            return;
         };
-        let filled = match shared.kernel.read(free) {
+        let filled = match kernel.read(free) {
             Ok(0) => break,
             Ok(n) => held + n,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
@@ -251,7 +273,7 @@ fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
             match parsed {
                 Ok((events, used)) => {
                     for event in &events {
-                        state.handle(event);
+                        state.handle(id, event);
                     }
                     used
                 }
@@ -264,7 +286,6 @@ fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
         buf.copy_within(used..filled, 0);
         held = filled - used;
     }
-    held
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@
 //! - Entries that come and go in a new directory before its watch is in place are seen only
 //!   by the listing: a file created there then written shows one create, no write; one created
 //!   between the watch and the listing shows two creates.
-//! - `IN_Q_OVERFLOW`: the kernel dropped events, nobody knows whose; every watch ends.
+//! - `IN_Q_OVERFLOW`: the kernel dropped events of this watch's instance (each watch has its
+//!   own, as envd's): that watch ends, and no other.
 
 use std::collections::HashMap;
 use std::io;
@@ -40,8 +41,6 @@ use crate::sys::inotify::{Event, Inotify, Wd};
 const MOVES: usize = 16;
 
 pub struct State {
-    kernel: Arc<Inotify>,
-    table: Table,
     watches: HashMap<WatchId, Watch>,
     next_id: WatchId,
     moves: [(u32, WatchId); MOVES],
@@ -56,13 +55,15 @@ struct Watch {
     root: PathBuf,
     recursive: bool,
     sink: Box<dyn Sink>,
+    /// The watch's own inotify instance: its queue overflows for its events only.
+    kernel: Arc<Inotify>,
+    /// Its directories (the table of one watch).
+    table: Table,
 }
 
 impl State {
-    pub fn new(kernel: Arc<Inotify>) -> State {
+    pub fn new() -> State {
         State {
-            kernel,
-            table: Table::default(),
             watches: HashMap::new(),
             next_id: 1,
             moves: [(0, 0); MOVES],
@@ -72,31 +73,46 @@ impl State {
         }
     }
 
-    /// A new watch, with no directory yet.
-    pub fn insert(&mut self, root: &Path, recursive: bool, sink: Box<dyn Sink>) -> WatchId {
+    /// A new watch on its own inotify instance (`kernel`), with no directory yet.
+    pub fn insert(
+        &mut self,
+        root: &Path,
+        recursive: bool,
+        sink: Box<dyn Sink>,
+        kernel: Inotify,
+    ) -> WatchId {
         let id = self.next_id;
         self.next_id += 1;
         let watch = Watch {
             root: root.to_path_buf(),
             recursive,
             sink,
+            kernel: Arc::new(kernel),
+            table: Table::default(),
         };
         self.watches.insert(id, watch);
         id
     }
 
-    /// Drops a watch and the kernel watches nobody else needs; its sink, if it was there.
+    /// Drops a watch; its sink, if it was there. Closing its instance (once the watcher
+    /// thread's poll lets go of it) frees its kernel watches.
     pub fn remove(&mut self, id: WatchId) -> Option<Box<dyn Sink>> {
         let watch = self.watches.remove(&id)?;
-        let freed = self.table.unsubscribe_all(id);
-        self.release(freed);
         Some(watch.sink)
+    }
+
+    /// Every watch's instance, to wait on.
+    pub fn kernels(&self) -> Vec<(WatchId, Arc<Inotify>)> {
+        self.watches
+            .iter()
+            .map(|(id, watch)| (*id, Arc::clone(&watch.kernel)))
+            .collect()
     }
 
     /// How many directories the kernel watches for the hub.
     #[cfg(test)]
     pub fn watched_dirs(&self) -> usize {
-        self.table.len()
+        self.watches.values().map(|watch| watch.table.len()).sum()
     }
 
     /// How many watches there are.
@@ -132,25 +148,26 @@ impl State {
         }
     }
 
-    /// Applies one inotify event.
-    pub fn handle(&mut self, event: &Event<'_>) {
+    /// Applies one inotify event of watch `id`'s instance.
+    pub fn handle(&mut self, id: WatchId, event: &Event<'_>) {
         if event.mask & libc::IN_Q_OVERFLOW != 0 {
-            let ids: Vec<WatchId> = self.watches.keys().copied().collect();
-            for id in ids {
-                self.end(id, Ended::Overflow);
-            }
-            let rest = self.table.clear();
-            self.release(rest);
+            self.end(id, Ended::Overflow);
             return;
         }
+        let Some(watch) = self.watches.get_mut(&id) else {
+            return;
+        };
         if event.mask & libc::IN_IGNORED != 0 {
-            self.table.forget(event.wd);
+            watch.table.forget(event.wd);
             return;
         }
-        if self.is_placement(event) {
+        if self.is_placement(id, event) {
             return;
         }
-        for sub in self.table.subscribers(event.wd).to_vec() {
+        let Some(watch) = self.watches.get(&id) else {
+            return;
+        };
+        for sub in watch.table.subscribers(event.wd).to_vec() {
             let Some(watch) = self.watches.get(&sub.watch) else {
                 continue;
             };
@@ -174,8 +191,10 @@ impl State {
             }
         }
         if mask & libc::IN_MOVE_SELF != 0 {
-            let freed = self.table.unsubscribe_all(id);
-            self.release(freed);
+            if let Some(watch) = self.watches.get_mut(&id) {
+                let freed = watch.table.unsubscribe_all(id);
+                release(watch, freed);
+            }
         }
     }
 
@@ -191,8 +210,10 @@ impl State {
         }
         if event.mask & libc::IN_MOVED_FROM != 0 {
             self.remember_move(event.cookie, id);
-            let freed = self.table.unsubscribe_below(id, rel);
-            self.release(freed);
+            if let Some(watch) = self.watches.get_mut(&id) {
+                let freed = watch.table.unsubscribe_below(id, rel);
+                release(watch, freed);
+            }
         }
         if event.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
             let moved_within =
@@ -252,17 +273,17 @@ impl State {
         rel: &Path,
         strict: bool,
     ) -> Result<bool, WatchError> {
-        if !self.watches.contains_key(&id) {
+        let Some(watch) = self.watches.get_mut(&id) else {
             return Ok(false);
-        }
+        };
         let flags = if strict {
             MASK | libc::IN_ONLYDIR
         } else {
             MASK | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW
         };
-        match self.kernel.add_watch(abs, flags) {
+        match watch.kernel.add_watch(abs, flags) {
             Ok(wd) => {
-                self.table.subscribe(wd, id, rel);
+                watch.table.subscribe(wd, id, rel);
                 Ok(true)
             }
             Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => Err(WatchError::Limit {
@@ -276,22 +297,14 @@ impl State {
         }
     }
 
-    /// Removes kernel watches nobody needs. One the kernel already dropped (its `IN_IGNORED`
-    /// not read yet) is `EINVAL`, which changes nothing.
-    fn release(&mut self, wds: Vec<Wd>) {
-        for wd in wds {
-            let _ = self.kernel.rm_watch(wd);
-        }
-    }
-
     /// Whether `event` is part of how sandboxd places a file (`fs::atomic`), which a client
     /// never sees: its temporaries (`.<name>.sandboxd-….tmp`, and unnamed `O_TMPFILE` files,
     /// which inotify reports as `#<inode>`) appear in no event, and one renamed
     /// over a name does not show as a rename or a create. What a client means is reported
     /// instead: a new file's link gives `create`, and the placement then touches the file's
     /// modification time, which gives `write` for the name (as envd's in-place writes do).
-    fn is_placement(&mut self, event: &Event) -> bool {
-        if self.is_unnamed_file(event) {
+    fn is_placement(&mut self, id: WatchId, event: &Event) -> bool {
+        if self.is_unnamed_file(id, event) {
             return true;
         }
         if !event.name.is_empty() && temp::parse_temp_name(event.name).is_some() {
@@ -315,17 +328,17 @@ impl State {
 
     /// An event on an `O_TMPFILE` file being written: the kernel names it `#<inode>`, a name no
     /// entry of the directory has (one that does is a real file, and reported).
-    fn is_unnamed_file(&self, event: &Event) -> bool {
+    fn is_unnamed_file(&self, id: WatchId, event: &Event) -> bool {
         let name = event.name.as_bytes();
         let looks_unnamed =
             name.len() > 1 && name[0] == b'#' && name[1..].iter().all(u8::is_ascii_digit);
         if !looks_unnamed {
             return false;
         }
-        let Some(sub) = self.table.subscribers(event.wd).first() else {
+        let Some(watch) = self.watches.get(&id) else {
             return false;
         };
-        let Some(watch) = self.watches.get(&sub.watch) else {
+        let Some(sub) = watch.table.subscribers(event.wd).first() else {
             return false;
         };
         let path = watch.root.join(&sub.rel).join(event.name);
@@ -349,6 +362,14 @@ impl State {
         };
         *slot = (0, 0);
         true
+    }
+}
+
+/// Removes kernel watches `watch` no longer needs. One the kernel already dropped (its
+/// `IN_IGNORED` not read yet) is `EINVAL`, which changes nothing.
+fn release(watch: &Watch, wds: Vec<Wd>) {
+    for wd in wds {
+        let _ = watch.kernel.rm_watch(wd);
     }
 }
 

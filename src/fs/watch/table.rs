@@ -1,8 +1,7 @@
 //! Which watches see each watched directory, and where it is inside each of them.
 //!
-//! Every watch shares the daemon's one inotify instance, so the kernel gives one descriptor per
-//! directory however many watches include it: the same directory may be the root of one watch
-//! and a subdirectory of another's recursive tree. The table maps each descriptor to its
+//! Each watch has its own table (and inotify instance); the table still names the watch of each
+//! subscription, so it could serve several watches sharing an instance. The table maps each descriptor to its
 //! subscribers, each with the directory's path relative to that watch's root (empty for the
 //! root), and each watch to its descriptors, so a watch is dropped without a scan. It is pure
 //! bookkeeping: the caller makes the system calls, and asks the table which descriptors
@@ -90,12 +89,6 @@ impl Table {
                 }
             }
         }
-    }
-
-    /// Forgets everything; returns every descriptor.
-    pub fn clear(&mut self) -> Vec<Wd> {
-        self.watches.clear();
-        self.dirs.drain().map(|(wd, _)| wd).collect()
     }
 
     /// How many directories are watched.
@@ -190,8 +183,5 @@ mod tests {
         assert!(table.subscribers(Wd(2)).is_empty());
         assert!(table.unsubscribe_all(8).is_empty());
         assert_eq!(table.unsubscribe_all(7), [Wd(1)]);
-        table.subscribe(Wd(3), 9, Path::new(""));
-        assert_eq!(table.clear(), [Wd(3)]);
-        assert_eq!(table.len(), 0);
     }
 }

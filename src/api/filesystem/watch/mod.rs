@@ -139,7 +139,7 @@ fn directory(caller: &Caller, request: &WatchRequest) -> Result<PathBuf, Error> 
     Ok(path)
 }
 
-/// The daemon's watcher; failing to start it is usually the user's inotify instance limit.
+/// The daemon's watcher; failing to start it is running out of descriptors or threads.
 fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
         let code = match e.raw_os_error() {
@@ -159,7 +159,9 @@ fn hub() -> Result<Hub, Error> {
 /// A directory that could not be watched, as a Connect error.
 fn watch_error(error: WatchError) -> Error {
     match error {
-        WatchError::Limit { .. } => Error::new(Code::ResourceExhausted, error.to_string()),
+        WatchError::Limit { .. } | WatchError::Instances(_) => {
+            Error::new(Code::ResourceExhausted, error.to_string())
+        }
         WatchError::Io { path, error } => io_error(&error, "error adding path to watcher", &path),
     }
 }
