@@ -23,6 +23,8 @@ mod faults;
 mod filesystem;
 // Directory watches: the WatchDir stream and the polled watchers, inotify underneath.
 mod filesystem_watch;
+// Issue 21's watch hardening: byte budgets, one queue per watch, setups off the workers.
+mod hardening_watch;
 // The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.

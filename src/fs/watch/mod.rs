@@ -70,6 +70,23 @@ pub trait Sink: Send {
     fn tick(&mut self, now: Instant) -> bool;
     /// The watch ended on the hub's side; the sink is dropped after.
     fn end(self: Box<Self>, ended: Ended);
+    /// Every directory of the watch is watched now (changes may have been delivered before);
+    /// false when the sink is done.
+    fn ready(&mut self) -> bool {
+        true
+    }
+}
+
+/// A watch that could not be set up, and its sink, given back untold (to end it, or drop it).
+pub struct Refused {
+    pub error: WatchError,
+    pub sink: Box<dyn Sink>,
+}
+
+impl fmt::Debug for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Refused({:?})", self.error)
+    }
 }
 
 /// Why the hub ended a watch.
@@ -94,6 +111,10 @@ pub enum WatchError {
     Io {
         path: PathBuf,
         error: io::Error,
+    },
+    /// The paths of every watched directory would pass `state::MAX_PATH_BYTES`.
+    Paths {
+        path: PathBuf,
     },
 }
 
@@ -121,6 +142,13 @@ impl fmt::Display for WatchError {
                     path.display()
                 )
             }
+            WatchError::Paths { path } => write!(
+                f,
+                "cannot watch {}: the paths of the watched directories would pass {} MiB; \
+                 watch a shallower tree",
+                path.display(),
+                state::MAX_PATH_BYTES >> 20
+            ),
             WatchError::Io { path, error } => {
                 write!(f, "cannot watch {}: {error}", path.display())
             }
@@ -171,16 +199,22 @@ impl Hub {
     }
 
     /// Starts watching `root` (a directory; a link to one is followed), and with `recursive`
-    /// every directory below it, telling `sink`. Every directory is watched when this returns:
-    /// what happens after is reported. Errors on the root itself are errors; directories below
-    /// it that vanish or may not be read are skipped.
+    /// every directory below it, telling `sink`. Every directory is watched when this returns,
+    /// and the sink was told [`Sink::ready`]: what happens after is reported. Errors on the root
+    /// itself are errors; directories below it that vanish or may not be read are skipped.
     pub fn watch(
         &self,
         root: &Path,
         recursive: bool,
         sink: Box<dyn Sink>,
-    ) -> Result<WatchId, WatchError> {
-        let kernel = Inotify::new().map_err(WatchError::Instances)?;
+    ) -> Result<WatchId, Refused> {
+        let kernel = match Inotify::new() {
+            Ok(kernel) => kernel,
+            Err(error) => {
+                let error = WatchError::Instances(error);
+                return Err(Refused { error, sink });
+            }
+        };
         let id = lock(&self.shared.state).insert(root, recursive, sink, kernel);
         // Polled from now: events of the directories added below are read as they come.
         if let Err(error) = self.shared.wake.signal() {
@@ -195,9 +229,14 @@ impl Hub {
             strict: true,
         };
         if let Err(error) = add_tree(&mut Locked(&self.shared.state), &tree) {
-            lock(&self.shared.state).remove(id);
-            return Err(error);
+            let sink = lock(&self.shared.state).remove(id);
+            return match sink {
+                Some(sink) => Err(Refused { error, sink }),
+                // Its sink was done meanwhile (its client left): nothing to tell.
+                None => Ok(id),
+            };
         }
+        lock(&self.shared.state).ready(id);
         Ok(id)
     }
 

@@ -24,8 +24,11 @@
 //!   own, as envd's): that watch ends, and no other.
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -39,6 +42,11 @@ use crate::sys::inotify::{Event, Inotify, Wd};
 /// Moves remembered to pair an `IN_MOVED_TO` with its `IN_MOVED_FROM` (they are usually
 /// consecutive; a move out of the tree never gets its pair, so old ones are overwritten).
 const MOVES: usize = 16;
+
+/// Bytes of directory paths (relative to their roots) the tables of all watches may hold: a
+/// deep tree costs its depth squared (a chain of 10,000 one-letter directories, 100 MB), so
+/// past this a watch fails instead.
+pub const MAX_PATH_BYTES: usize = 64 << 20;
 
 pub struct State {
     watches: HashMap<WatchId, Watch>,
@@ -99,6 +107,22 @@ impl State {
     pub fn remove(&mut self, id: WatchId) -> Option<Box<dyn Sink>> {
         let watch = self.watches.remove(&id)?;
         Some(watch.sink)
+    }
+
+    /// Tells watch `id`'s sink that its directories are watched; drops it when it is done.
+    pub fn ready(&mut self, id: WatchId) {
+        let alive = self
+            .watches
+            .get_mut(&id)
+            .is_some_and(|watch| watch.sink.ready());
+        if !alive {
+            self.remove(id);
+        }
+    }
+
+    /// Bytes of the paths the tables of all watches hold.
+    fn path_bytes(&self) -> usize {
+        self.watches.values().map(|watch| watch.table.bytes()).sum()
     }
 
     /// Every watch's instance, to wait on.
@@ -266,13 +290,17 @@ impl State {
     /// not to be listed (the watch is gone; or, unless `strict`, the directory vanished, is
     /// not a directory any more, or may not be read). `IN_DONT_FOLLOW` unless `strict`: inside
     /// a tree a link is an entry, never a way out of it; a watch's root may be a link.
-    fn add_dir(
-        &mut self,
-        id: WatchId,
-        abs: &Path,
-        rel: &Path,
-        strict: bool,
-    ) -> Result<bool, WatchError> {
+    fn add_dir(&mut self, id: WatchId, dir: &Dir, strict: bool) -> Result<bool, WatchError> {
+        let (abs, rel) = (dir.abs.as_path(), dir.rel.as_path());
+        if !self.watches.contains_key(&id) {
+            return Ok(false);
+        }
+        let bytes = rel.as_os_str().len();
+        if self.path_bytes() + bytes > MAX_PATH_BYTES {
+            return Err(WatchError::Paths {
+                path: abs.to_path_buf(),
+            });
+        }
         let Some(watch) = self.watches.get_mut(&id) else {
             return Ok(false);
         };
@@ -281,7 +309,7 @@ impl State {
         } else {
             MASK | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW
         };
-        match watch.kernel.add_watch(abs, flags) {
+        match watch.kernel.add_watch(&dir.at(), flags) {
             Ok(wd) => {
                 watch.table.subscribe(wd, id, rel);
                 Ok(true)
@@ -421,30 +449,76 @@ pub struct Tree<'a> {
     pub strict: bool,
 }
 
+/// A directory met by [`add_tree`]: its paths, and the open directory it was found in (none for
+/// the tree's top), through which the kernel is given a short path however deep it is.
+pub struct Dir {
+    pub abs: PathBuf,
+    pub rel: PathBuf,
+    parent: Option<Arc<File>>,
+}
+
+impl Dir {
+    /// The path to give the kernel: `/proc/self/fd/<parent>/<name>` below the top (never longer
+    /// than `PATH_MAX`, and naming the entry of the directory already open, whatever was
+    /// renamed above it), the path itself for the top.
+    fn at(&self) -> PathBuf {
+        match (&self.parent, self.abs.file_name()) {
+            (Some(parent), Some(name)) => {
+                PathBuf::from(format!("/proc/self/fd/{}", parent.as_raw_fd())).join(name)
+            }
+            _ => self.abs.clone(),
+        }
+    }
+
+    /// Opens the directory to list it; `Ok(None)` when it vanished, is not a directory any more
+    /// or may not be read (a link below the top is not followed).
+    fn open(&self) -> Result<Option<File>, WatchError> {
+        let mut flags = libc::O_DIRECTORY;
+        if self.parent.is_some() {
+            flags |= libc::O_NOFOLLOW;
+        }
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(self.at())
+        {
+            Ok(file) => Ok(Some(file)),
+            Err(error) if vanished(&error) => Ok(None),
+            Err(error) => Err(WatchError::Io {
+                path: self.abs.clone(),
+                error,
+            }),
+        }
+    }
+}
+
 /// Watches `tree.abs` and, when recursive, every directory below it, each before it is
 /// listed, so that whatever appears after the listing is reported by the kernel. Depth first,
-/// entries in name order (Go's `filepath.WalkDir`), links not followed. Entries that vanish or
-/// may not be read meanwhile are skipped; the watch limit is an error.
+/// entries in name order (Go's `filepath.WalkDir`), links not followed, with an explicit
+/// stack. Each directory below the top is reached through its parent's open descriptor, so
+/// no path the kernel is given exceeds `PATH_MAX` however deep the tree; a directory's
+/// descriptor stays open while entries of it wait on the stack. Entries that vanish or may not
+/// be read meanwhile are skipped; the watch limit, running out of descriptors and
+/// [`MAX_PATH_BYTES`] are errors.
 pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchError> {
     enum Step {
         Stop,
         Skip,
         List,
     }
-    // (absolute path, relative path, is a directory, is the tree's top, holds data)
-    let mut stack = vec![(
-        tree.abs.to_path_buf(),
-        tree.rel.to_path_buf(),
-        true,
-        true,
-        false,
-    )];
-    while let Some((abs, rel, is_dir, top, written)) = stack.pop() {
+    let top = Dir {
+        abs: tree.abs.to_path_buf(),
+        rel: tree.rel.to_path_buf(),
+        parent: None,
+    };
+    // (the entry, is a directory, is the tree's top, holds data)
+    let mut stack = vec![(top, true, true, false)];
+    while let Some((dir, is_dir, top, written)) = stack.pop() {
         let step = access.with(|state| -> Result<Step, WatchError> {
             // Watched before it is announced: a client that reacts to the create by writing
             // into the new directory must find the watch there already.
             let step = if is_dir {
-                match state.add_dir(tree.watch, &abs, &rel, top && tree.strict)? {
+                match state.add_dir(tree.watch, &dir, top && tree.strict)? {
                     true => Step::List,
                     false if state.watches.contains_key(&tree.watch) => Step::Skip,
                     false => return Ok(Step::Stop),
@@ -452,12 +526,13 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             } else {
                 Step::Skip
             };
-            if tree.announce && !top && !state.deliver(tree.watch, Op::Create, &rel, &abs) {
+            let (abs, rel) = (&dir.abs, &dir.rel);
+            if tree.announce && !top && !state.deliver(tree.watch, Op::Create, rel, abs) {
                 return Ok(Step::Stop);
             }
             // A file found already holding data was written before the watch could see it:
             // its write is reported too, as it would have been with the watch in place.
-            if tree.announce && written && !state.deliver(tree.watch, Op::Write, &rel, &abs) {
+            if tree.announce && written && !state.deliver(tree.watch, Op::Write, rel, abs) {
                 return Ok(Step::Stop);
             }
             Ok(step)
@@ -468,7 +543,11 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             Step::List if !tree.recursive => continue,
             Step::List => {}
         }
-        let Ok(entries) = std::fs::read_dir(&abs) else {
+        let Some(opened) = dir.open()? else {
+            continue;
+        };
+        let listing = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+        let Ok(entries) = std::fs::read_dir(&listing) else {
             continue;
         };
         let mut children: Vec<(std::ffi::OsString, bool, bool)> = entries
@@ -485,8 +564,14 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             .filter(|(_, is_dir, _)| *is_dir || tree.announce)
             .collect();
         children.sort();
+        let parent = Arc::new(opened);
         for (name, is_dir, written) in children.into_iter().rev() {
-            stack.push((abs.join(&name), rel.join(&name), is_dir, false, written));
+            let child = Dir {
+                abs: dir.abs.join(&name),
+                rel: dir.rel.join(&name),
+                parent: Some(Arc::clone(&parent)),
+            };
+            stack.push((child, is_dir, false, written));
         }
     }
     Ok(())

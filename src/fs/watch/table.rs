@@ -27,6 +27,8 @@ pub struct Sub {
 pub struct Table {
     dirs: HashMap<Wd, Vec<Sub>>,
     watches: HashMap<WatchId, BTreeSet<Wd>>,
+    /// Bytes of the subscriptions' paths.
+    bytes: usize,
 }
 
 impl Table {
@@ -35,8 +37,12 @@ impl Table {
     /// first.
     pub fn subscribe(&mut self, wd: Wd, watch: WatchId, rel: &Path) {
         let subs = self.dirs.entry(wd).or_default();
+        self.bytes += rel.as_os_str().len();
         match subs.iter_mut().find(|sub| sub.watch == watch) {
-            Some(sub) => sub.rel = rel.to_path_buf(),
+            Some(sub) => {
+                self.bytes -= sub.rel.as_os_str().len();
+                sub.rel = rel.to_path_buf();
+            }
             None => subs.push(Sub {
                 watch,
                 rel: rel.to_path_buf(),
@@ -82,6 +88,7 @@ impl Table {
     /// Forgets `wd` for every watch: the kernel removed it (`IN_IGNORED`).
     pub fn forget(&mut self, wd: Wd) {
         for sub in self.dirs.remove(&wd).unwrap_or_default() {
+            self.bytes -= sub.rel.as_os_str().len();
             if let Some(wds) = self.watches.get_mut(&sub.watch) {
                 wds.remove(&wd);
                 if wds.is_empty() {
@@ -89,6 +96,11 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// Bytes of the paths it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// How many directories are watched.
@@ -108,7 +120,15 @@ impl Table {
         let Some(subs) = self.dirs.get_mut(&wd) else {
             return false;
         };
-        subs.retain(|sub| sub.watch != watch);
+        let mut freed = 0;
+        subs.retain(|sub| {
+            let keep = sub.watch != watch;
+            if !keep {
+                freed += sub.rel.as_os_str().len();
+            }
+            keep
+        });
+        self.bytes -= freed;
         if subs.is_empty() {
             self.dirs.remove(&wd);
             return true;
@@ -171,6 +191,11 @@ mod tests {
         table.subscribe(Wd(2), 7, Path::new("old"));
         table.subscribe(Wd(2), 7, Path::new("new"));
         assert_eq!(rels(&table, 2), [(7, "new".into())]);
+        assert_eq!(table.bytes(), 3);
+        table.subscribe(Wd(3), 7, Path::new("new/deeper"));
+        assert_eq!(table.bytes(), 13);
+        assert_eq!(table.unsubscribe_below(7, Path::new("new")).len(), 2);
+        assert_eq!(table.bytes(), 0);
     }
 
     #[test]

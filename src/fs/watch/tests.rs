@@ -259,7 +259,10 @@ fn the_root_must_be_a_watchable_directory() {
             next: None,
         };
         match hub.watch(&path, true, Box::new(sink)) {
-            Err(WatchError::Io { error, .. }) => assert_eq!(error.raw_os_error(), Some(errno)),
+            Err(Refused {
+                error: WatchError::Io { error, .. },
+                ..
+            }) => assert_eq!(error.raw_os_error(), Some(errno)),
             other => panic!("{path:?}: {other:?}"),
         }
     }
