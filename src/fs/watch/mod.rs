@@ -11,7 +11,7 @@
 //! eventfd, with
 //! a timeout for the earliest tick a sink asked for. It reads events, applies them under the
 //! hub's lock and hands the changes to the sinks, which must never block (a stream's queue is
-//! bounded: a client that does not keep up is the sink's to end). A worker setting up a watch
+//! bounded: a client that does not keep up is the sink's to end). A thread setting up a watch
 //! adds its directories itself, taking the lock for each one, and signals the eventfd so the
 //! thread polls its descriptor and rereads the ticks; removing a watch needs no signal (the
 //! thread holds the descriptor until its poll returns). So no thread waits for another.
