@@ -13,8 +13,8 @@
 //! hub's lock and hands the changes to the sinks, which must never block (a stream's queue is
 //! bounded: a client that does not keep up is the sink's to end). A thread setting up a watch
 //! adds its directories itself, taking the lock for each one, and signals the eventfd so the
-//! thread polls its descriptor and rereads the ticks; removing a watch needs no signal (the
-//! thread holds the descriptor until its poll returns). So no thread waits for another.
+//! thread polls its descriptor and rereads the ticks; removing one signals it too, so that it
+//! lets go of the descriptor it holds while it waits. So no thread waits for another.
 //!
 //! One instance per watch (as envd's) means one kernel queue per watch
 //! (`fs.inotify.max_queued_events`, 16384 by default): a flood in one watch overflows its
@@ -217,9 +217,7 @@ impl Hub {
         };
         let id = lock(&self.shared.state).insert(root, recursive, sink, kernel);
         // Polled from now: events of the directories added below are read as they come.
-        if let Err(error) = self.shared.wake.signal() {
-            log::line(format_args!("cannot wake the watcher thread: {error}"));
-        }
+        self.wake();
         let tree = Tree {
             watch: id,
             abs: root,
@@ -230,6 +228,7 @@ impl Hub {
         };
         if let Err(error) = add_tree(&mut Locked(&self.shared.state), &tree) {
             let sink = lock(&self.shared.state).remove(id);
+            self.wake();
             return match sink {
                 Some(sink) => Err(Refused { error, sink }),
                 // Its sink was done meanwhile (its client left): nothing to tell.
@@ -245,6 +244,15 @@ impl Hub {
         let sink = lock(&self.shared.state).remove(id);
         // Dropped outside the lock: dropping a stream wakes its connection.
         drop(sink);
+        self.wake();
+    }
+
+    /// Wakes the thread: to poll a new instance, or to let go of a removed one (which it holds
+    /// while it waits, so the instance, and its kernel watches, would live until it woke).
+    fn wake(&self) {
+        if let Err(error) = self.shared.wake.signal() {
+            log::line(format_args!("cannot wake the watcher thread: {error}"));
+        }
     }
 
     /// How many directories the kernel watches for this hub, and how many watches there are.
