@@ -81,22 +81,29 @@ fn end_error(watch: &mut Stream, limit: Duration) -> (String, String, usize) {
     }
 }
 
-/// The kernel watches of the daemon's inotify instance (`None`: it has none yet).
-fn inotify_watches(daemon: &Daemon) -> Option<usize> {
+/// The kernel watches of the daemon's inotify instances, one per watch, all together
+/// (`None`: it has none).
+pub fn inotify_watches(daemon: &Daemon) -> Option<usize> {
     let fds = Path::new("/proc").join(daemon.pid().to_string());
+    let mut total = None;
     for entry in std::fs::read_dir(fds.join("fd")).ok()? {
-        let entry = entry.ok()?;
-        let target = std::fs::read_link(entry.path()).ok()?;
+        let Ok(entry) = entry else { continue };
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
         if target.to_string_lossy() == "anon_inode:inotify" {
-            let info = std::fs::read_to_string(fds.join("fdinfo").join(entry.file_name())).ok()?;
-            return Some(
-                info.lines()
-                    .filter(|l| l.starts_with("inotify wd:"))
-                    .count(),
-            );
+            let Ok(info) = std::fs::read_to_string(fds.join("fdinfo").join(entry.file_name()))
+            else {
+                continue;
+            };
+            let watches = info
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
+            total = Some(total.unwrap_or(0) + watches);
         }
     }
-    None
+    total
 }
 
 fn wait_for_watches(daemon: &Daemon, expected: usize) {

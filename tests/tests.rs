@@ -27,6 +27,8 @@ mod filesystem;
 mod filesystem_watch;
 // Process-service hardening (issue 21): clean children, process identity, exhausted descriptors.
 mod hardening_process;
+// Issue 21's watch hardening: byte budgets, one queue per watch, setups off the workers.
+mod hardening_watch;
 // The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.

@@ -69,6 +69,11 @@ impl Stream {
         self.sender.wait_for_room(bytes, wake)
     }
 
+    /// Bytes queued that the connection has not taken yet.
+    pub fn queued(&self) -> usize {
+        self.sender.queued()
+    }
+
     /// True once the client is gone.
     pub fn is_closed(&self) -> bool {
         self.sender.is_closed()

@@ -1,25 +1,28 @@
-//! Directory watches for the whole daemon: one inotify instance and one thread, however many
-//! watches there are (SPEC §9b's `WatchDir` and watchers).
+//! Directory watches for the whole daemon: one inotify instance per watch, and one thread
+//! however many watches there are (SPEC §9b's `WatchDir` and watchers).
 //!
 //! A watch is a root directory (and, recursively, every directory below it) and a [`Sink`]: its
 //! owner's side, told each [`Change`] and ticked when it asks for a moment (a keep-alive, a
-//! deadline, an expiry). The [`Hub`] owns the inotify descriptor and the table of watched
-//! directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
+//! deadline, an expiry). The [`Hub`] owns the watches, each with its inotify descriptor and its
+//! table of watched directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
 //! event buffers are the owner's business (`api::filesystem::watch`).
 //!
-//! **The watcher thread** waits in `poll(2)` on the inotify descriptor and on an eventfd, with
+//! **The watcher thread** waits in `poll(2)` on every watch's inotify descriptor and on an
+//! eventfd, with
 //! a timeout for the earliest tick a sink asked for. It reads events, applies them under the
 //! hub's lock and hands the changes to the sinks, which must never block (a stream's queue is
-//! bounded: a client that does not keep up is the sink's to end). A worker setting up a watch
+//! bounded: a client that does not keep up is the sink's to end). A thread setting up a watch
 //! adds its directories itself, taking the lock for each one, and signals the eventfd so the
-//! thread rereads the ticks; removing a watch needs no signal. So no worker waits for the
-//! thread and the thread waits for nobody.
+//! thread polls its descriptor and rereads the ticks; removing one signals it too, so that it
+//! lets go of the descriptor it holds while it waits. So no thread waits for another.
 //!
-//! One descriptor for everything means one kernel queue (`fs.inotify.max_queued_events`, 16384
-//! by default): if it overflows, events of every watch are lost, and every watch ends. It also
-//! means one instance out of the user's `fs.inotify.max_user_instances` (128 by default), where
-//! envd takes one per watch. The user's watch limit (`fs.inotify.max_user_watches`) counts each
-//! directory once however many watches include it; reaching it is [`WatchError::Limit`].
+//! One instance per watch (as envd's) means one kernel queue per watch
+//! (`fs.inotify.max_queued_events`, 16384 by default): a flood in one watch overflows its
+//! queue only, and ends that watch only. Each takes one of the user's
+//! `fs.inotify.max_user_instances` (128 by default, shared with every root process): past it a
+//! new watch is [`WatchError::Instances`]. The user's watch limit
+//! (`fs.inotify.max_user_watches`) counts each directory once per watch that includes it;
+//! reaching it is [`WatchError::Limit`].
 
 pub mod ops;
 mod state;
@@ -67,6 +70,23 @@ pub trait Sink: Send {
     fn tick(&mut self, now: Instant) -> bool;
     /// The watch ended on the hub's side; the sink is dropped after.
     fn end(self: Box<Self>, ended: Ended);
+    /// Every directory of the watch is watched now (changes may have been delivered before);
+    /// false when the sink is done.
+    fn ready(&mut self) -> bool {
+        true
+    }
+}
+
+/// A watch that could not be set up, and its sink, given back untold (to end it, or drop it).
+pub struct Refused {
+    pub error: WatchError,
+    pub sink: Box<dyn Sink>,
+}
+
+impl fmt::Debug for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Refused({:?})", self.error)
+    }
 }
 
 /// Why the hub ended a watch.
@@ -81,6 +101,9 @@ pub enum Ended {
 /// Why a directory could not be watched.
 #[derive(Debug)]
 pub enum WatchError {
+    /// No inotify instance for a new watch (`EMFILE`: the user's
+    /// `fs.inotify.max_user_instances`; `ENFILE`, `ENOMEM`).
+    Instances(io::Error),
     /// `ENOSPC`: the user's inotify watch limit is reached.
     Limit {
         path: PathBuf,
@@ -89,11 +112,25 @@ pub enum WatchError {
         path: PathBuf,
         error: io::Error,
     },
+    /// The paths of every watched directory would pass `state::MAX_PATH_BYTES`.
+    Paths {
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for WatchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            WatchError::Instances(error) => {
+                let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+                    .map(|text| text.trim().to_string())
+                    .unwrap_or_else(|_| "?".to_string());
+                write!(
+                    f,
+                    "cannot start another watch: {error} (each watch takes an inotify instance; \
+                     fs.inotify.max_user_instances = {limit}); end a watch or raise the limit"
+                )
+            }
             WatchError::Limit { path } => {
                 let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
                     .map(|text| text.trim().to_string())
@@ -105,6 +142,13 @@ impl fmt::Display for WatchError {
                     path.display()
                 )
             }
+            WatchError::Paths { path } => write!(
+                f,
+                "cannot watch {}: the paths of the watched directories would pass {} MiB; \
+                 watch a shallower tree",
+                path.display(),
+                state::MAX_PATH_BYTES >> 20
+            ),
             WatchError::Io { path, error } => {
                 write!(f, "cannot watch {}: {error}", path.display())
             }
@@ -114,14 +158,13 @@ impl fmt::Display for WatchError {
 
 impl std::error::Error for WatchError {}
 
-/// The watcher: a handle to the inotify instance, its thread and its state. Clones share them.
+/// The watcher: a handle to the watches, their thread and their state. Clones share them.
 #[derive(Clone)]
 pub struct Hub {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    kernel: Arc<Inotify>,
     wake: EventFd,
     state: Mutex<State>,
 }
@@ -130,8 +173,8 @@ struct Shared {
 static GLOBAL: Mutex<Option<Hub>> = Mutex::new(None);
 
 impl Hub {
-    /// The daemon's hub, started on first use. A failure to start (the user's inotify instance
-    /// limit, no descriptors) is not kept: the next call tries again.
+    /// The daemon's hub, started on first use. A failure to start (no descriptors, no thread)
+    /// is not kept: the next call tries again.
     pub fn global() -> io::Result<Hub> {
         let mut global = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(hub) = global.as_ref() {
@@ -144,10 +187,8 @@ impl Hub {
 
     /// A hub of its own, with its own thread (which lives as long as the process).
     pub fn start() -> io::Result<Hub> {
-        let kernel = Arc::new(Inotify::new()?);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(Arc::clone(&kernel))),
-            kernel,
+            state: Mutex::new(State::new()),
             wake: EventFd::new()?,
         });
         let thread_shared = Arc::clone(&shared);
@@ -158,16 +199,25 @@ impl Hub {
     }
 
     /// Starts watching `root` (a directory; a link to one is followed), and with `recursive`
-    /// every directory below it, telling `sink`. Every directory is watched when this returns:
-    /// what happens after is reported. Errors on the root itself are errors; directories below
-    /// it that vanish or may not be read are skipped.
+    /// every directory below it, telling `sink`. Every directory is watched when this returns,
+    /// and the sink was told [`Sink::ready`]: what happens after is reported. Errors on the root
+    /// itself are errors; directories below it that vanish or may not be read are skipped.
     pub fn watch(
         &self,
         root: &Path,
         recursive: bool,
         sink: Box<dyn Sink>,
-    ) -> Result<WatchId, WatchError> {
-        let id = lock(&self.shared.state).insert(root, recursive, sink);
+    ) -> Result<WatchId, Refused> {
+        let kernel = match Inotify::new() {
+            Ok(kernel) => kernel,
+            Err(error) => {
+                let error = WatchError::Instances(error);
+                return Err(Refused { error, sink });
+            }
+        };
+        let id = lock(&self.shared.state).insert(root, recursive, sink, kernel);
+        // Polled from now: events of the directories added below are read as they come.
+        self.wake();
         let tree = Tree {
             watch: id,
             abs: root,
@@ -177,12 +227,15 @@ impl Hub {
             strict: true,
         };
         if let Err(error) = add_tree(&mut Locked(&self.shared.state), &tree) {
-            lock(&self.shared.state).remove(id);
-            return Err(error);
+            let sink = lock(&self.shared.state).remove(id);
+            self.wake();
+            return match sink {
+                Some(sink) => Err(Refused { error, sink }),
+                // Its sink was done meanwhile (its client left): nothing to tell.
+                None => Ok(id),
+            };
         }
-        if let Err(error) = self.shared.wake.signal() {
-            log::line(format_args!("cannot wake the watcher thread: {error}"));
-        }
+        lock(&self.shared.state).ready(id);
         Ok(id)
     }
 
@@ -191,6 +244,15 @@ impl Hub {
         let sink = lock(&self.shared.state).remove(id);
         // Dropped outside the lock: dropping a stream wakes its connection.
         drop(sink);
+        self.wake();
+    }
+
+    /// Wakes the thread: to poll a new instance, or to let go of a removed one (which it holds
+    /// while it waits, so the instance, and its kernel watches, would live until it woke).
+    fn wake(&self) {
+        if let Err(error) = self.shared.wake.signal() {
+            log::line(format_args!("cannot wake the watcher thread: {error}"));
+        }
     }
 
     /// How many directories the kernel watches for this hub, and how many watches there are.
@@ -204,19 +266,25 @@ impl Hub {
 /// The watcher thread: waits for events or the next tick, forever.
 fn run(shared: &Shared) {
     let mut buf = vec![0u8; READ_BUFFER];
-    let mut held = 0;
     loop {
-        let timeout = lock(&shared.state)
-            .next_tick()
-            .map(|at| at.saturating_duration_since(Instant::now()));
-        let fds = [shared.kernel.as_fd(), shared.wake.as_fd()];
+        let (kernels, timeout) = {
+            let state = lock(&shared.state);
+            let timeout = state
+                .next_tick()
+                .map(|at| at.saturating_duration_since(Instant::now()));
+            (state.kernels(), timeout)
+        };
+        let mut fds = vec![shared.wake.as_fd()];
+        fds.extend(kernels.iter().map(|(_, kernel)| kernel.as_fd()));
         match poll_readable(&fds, timeout) {
             Ok(ready) => {
-                if ready.get(1) == Some(&true) {
+                if ready.first() == Some(&true) {
                     let _ = shared.wake.drain();
                 }
-                if ready.first() == Some(&true) {
-                    held = read_events(shared, &mut buf, held);
+                for ((id, kernel), ready) in kernels.iter().zip(ready.iter().skip(1)) {
+                    if *ready {
+                        read_events(shared, *id, kernel, &mut buf);
+                    }
                 }
             }
             Err(error) => {
@@ -228,14 +296,15 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Reads and applies what the kernel has queued; `held` bytes of a record cut off by the
-/// previous read are at the start of `buf`. Returns how many are held now.
-fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
+/// Reads and applies what the kernel has queued for watch `id`. A record cut off by the end of
+/// a read is carried to the next one (the kernel returns whole records, so it never is).
+fn read_events(shared: &Shared, id: WatchId, kernel: &Inotify, buf: &mut [u8]) {
+    let mut held = 0;
     for _ in 0..READS_PER_TURN {
         let Some(free) = buf.get_mut(held..) else {
-            return 0;
+            return;
         };
-        let filled = match shared.kernel.read(free) {
+        let filled = match kernel.read(free) {
             Ok(0) => break,
             Ok(n) => held + n,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
@@ -251,7 +320,7 @@ fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
             match parsed {
                 Ok((events, used)) => {
                     for event in &events {
-                        state.handle(event);
+                        state.handle(id, event);
                     }
                     used
                 }
@@ -264,7 +333,6 @@ fn read_events(shared: &Shared, buf: &mut [u8], mut held: usize) -> usize {
         buf.copy_within(used..filled, 0);
         held = filled - used;
     }
-    held
 }
 
 #[cfg(test)]

@@ -20,11 +20,15 @@
 //! - Entries that come and go in a new directory before its watch is in place are seen only
 //!   by the listing: a file created there then written shows one create, no write; one created
 //!   between the watch and the listing shows two creates.
-//! - `IN_Q_OVERFLOW`: the kernel dropped events, nobody knows whose; every watch ends.
+//! - `IN_Q_OVERFLOW`: the kernel dropped events of this watch's instance (each watch has its
+//!   own, as envd's): that watch ends, and no other.
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -39,9 +43,12 @@ use crate::sys::inotify::{Event, Inotify, Wd};
 /// consecutive; a move out of the tree never gets its pair, so old ones are overwritten).
 const MOVES: usize = 16;
 
+/// Bytes of directory paths (relative to their roots) the tables of all watches may hold: a
+/// deep tree costs its depth squared (a chain of 10,000 one-letter directories, 100 MB), so
+/// past this a watch fails instead.
+pub const MAX_PATH_BYTES: usize = 64 << 20;
+
 pub struct State {
-    kernel: Arc<Inotify>,
-    table: Table,
     watches: HashMap<WatchId, Watch>,
     next_id: WatchId,
     moves: [(u32, WatchId); MOVES],
@@ -56,13 +63,15 @@ struct Watch {
     root: PathBuf,
     recursive: bool,
     sink: Box<dyn Sink>,
+    /// The watch's own inotify instance: its queue overflows for its events only.
+    kernel: Arc<Inotify>,
+    /// Its directories (the table of one watch).
+    table: Table,
 }
 
 impl State {
-    pub fn new(kernel: Arc<Inotify>) -> State {
+    pub fn new() -> State {
         State {
-            kernel,
-            table: Table::default(),
             watches: HashMap::new(),
             next_id: 1,
             moves: [(0, 0); MOVES],
@@ -72,31 +81,62 @@ impl State {
         }
     }
 
-    /// A new watch, with no directory yet.
-    pub fn insert(&mut self, root: &Path, recursive: bool, sink: Box<dyn Sink>) -> WatchId {
+    /// A new watch on its own inotify instance (`kernel`), with no directory yet.
+    pub fn insert(
+        &mut self,
+        root: &Path,
+        recursive: bool,
+        sink: Box<dyn Sink>,
+        kernel: Inotify,
+    ) -> WatchId {
         let id = self.next_id;
         self.next_id += 1;
         let watch = Watch {
             root: root.to_path_buf(),
             recursive,
             sink,
+            kernel: Arc::new(kernel),
+            table: Table::default(),
         };
         self.watches.insert(id, watch);
         id
     }
 
-    /// Drops a watch and the kernel watches nobody else needs; its sink, if it was there.
+    /// Drops a watch; its sink, if it was there. Closing its instance (once the watcher
+    /// thread's poll lets go of it) frees its kernel watches.
     pub fn remove(&mut self, id: WatchId) -> Option<Box<dyn Sink>> {
         let watch = self.watches.remove(&id)?;
-        let freed = self.table.unsubscribe_all(id);
-        self.release(freed);
         Some(watch.sink)
+    }
+
+    /// Tells watch `id`'s sink that its directories are watched; drops it when it is done.
+    pub fn ready(&mut self, id: WatchId) {
+        let alive = self
+            .watches
+            .get_mut(&id)
+            .is_some_and(|watch| watch.sink.ready());
+        if !alive {
+            self.remove(id);
+        }
+    }
+
+    /// Bytes of the paths the tables of all watches hold.
+    fn path_bytes(&self) -> usize {
+        self.watches.values().map(|watch| watch.table.bytes()).sum()
+    }
+
+    /// Every watch's instance, to wait on.
+    pub fn kernels(&self) -> Vec<(WatchId, Arc<Inotify>)> {
+        self.watches
+            .iter()
+            .map(|(id, watch)| (*id, Arc::clone(&watch.kernel)))
+            .collect()
     }
 
     /// How many directories the kernel watches for the hub.
     #[cfg(test)]
     pub fn watched_dirs(&self) -> usize {
-        self.table.len()
+        self.watches.values().map(|watch| watch.table.len()).sum()
     }
 
     /// How many watches there are.
@@ -132,25 +172,26 @@ impl State {
         }
     }
 
-    /// Applies one inotify event.
-    pub fn handle(&mut self, event: &Event<'_>) {
+    /// Applies one inotify event of watch `id`'s instance.
+    pub fn handle(&mut self, id: WatchId, event: &Event<'_>) {
         if event.mask & libc::IN_Q_OVERFLOW != 0 {
-            let ids: Vec<WatchId> = self.watches.keys().copied().collect();
-            for id in ids {
-                self.end(id, Ended::Overflow);
-            }
-            let rest = self.table.clear();
-            self.release(rest);
+            self.end(id, Ended::Overflow);
             return;
         }
+        let Some(watch) = self.watches.get_mut(&id) else {
+            return;
+        };
         if event.mask & libc::IN_IGNORED != 0 {
-            self.table.forget(event.wd);
+            watch.table.forget(event.wd);
             return;
         }
-        if self.is_placement(event) {
+        if self.is_placement(id, event) {
             return;
         }
-        for sub in self.table.subscribers(event.wd).to_vec() {
+        let Some(watch) = self.watches.get(&id) else {
+            return;
+        };
+        for sub in watch.table.subscribers(event.wd).to_vec() {
             let Some(watch) = self.watches.get(&sub.watch) else {
                 continue;
             };
@@ -174,8 +215,10 @@ impl State {
             }
         }
         if mask & libc::IN_MOVE_SELF != 0 {
-            let freed = self.table.unsubscribe_all(id);
-            self.release(freed);
+            if let Some(watch) = self.watches.get_mut(&id) {
+                let freed = watch.table.unsubscribe_all(id);
+                release(watch, freed);
+            }
         }
     }
 
@@ -191,8 +234,10 @@ impl State {
         }
         if event.mask & libc::IN_MOVED_FROM != 0 {
             self.remember_move(event.cookie, id);
-            let freed = self.table.unsubscribe_below(id, rel);
-            self.release(freed);
+            if let Some(watch) = self.watches.get_mut(&id) {
+                let freed = watch.table.unsubscribe_below(id, rel);
+                release(watch, freed);
+            }
         }
         if event.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
             let moved_within =
@@ -245,24 +290,28 @@ impl State {
     /// not to be listed (the watch is gone; or, unless `strict`, the directory vanished, is
     /// not a directory any more, or may not be read). `IN_DONT_FOLLOW` unless `strict`: inside
     /// a tree a link is an entry, never a way out of it; a watch's root may be a link.
-    fn add_dir(
-        &mut self,
-        id: WatchId,
-        abs: &Path,
-        rel: &Path,
-        strict: bool,
-    ) -> Result<bool, WatchError> {
+    fn add_dir(&mut self, id: WatchId, dir: &Dir, strict: bool) -> Result<bool, WatchError> {
+        let (abs, rel) = (dir.abs.as_path(), dir.rel.as_path());
         if !self.watches.contains_key(&id) {
             return Ok(false);
         }
+        let bytes = rel.as_os_str().len();
+        if self.path_bytes() + bytes > MAX_PATH_BYTES {
+            return Err(WatchError::Paths {
+                path: abs.to_path_buf(),
+            });
+        }
+        let Some(watch) = self.watches.get_mut(&id) else {
+            return Ok(false);
+        };
         let flags = if strict {
             MASK | libc::IN_ONLYDIR
         } else {
             MASK | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW
         };
-        match self.kernel.add_watch(abs, flags) {
+        match watch.kernel.add_watch(&dir.at(), flags) {
             Ok(wd) => {
-                self.table.subscribe(wd, id, rel);
+                watch.table.subscribe(wd, id, rel);
                 Ok(true)
             }
             Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => Err(WatchError::Limit {
@@ -276,22 +325,14 @@ impl State {
         }
     }
 
-    /// Removes kernel watches nobody needs. One the kernel already dropped (its `IN_IGNORED`
-    /// not read yet) is `EINVAL`, which changes nothing.
-    fn release(&mut self, wds: Vec<Wd>) {
-        for wd in wds {
-            let _ = self.kernel.rm_watch(wd);
-        }
-    }
-
     /// Whether `event` is part of how sandboxd places a file (`fs::atomic`), which a client
     /// never sees: its temporaries (`.<name>.sandboxd-….tmp`, and unnamed `O_TMPFILE` files,
     /// which inotify reports as `#<inode>`) appear in no event, and one renamed
     /// over a name does not show as a rename or a create. What a client means is reported
     /// instead: a new file's link gives `create`, and the placement then touches the file's
     /// modification time, which gives `write` for the name (as envd's in-place writes do).
-    fn is_placement(&mut self, event: &Event) -> bool {
-        if self.is_unnamed_file(event) {
+    fn is_placement(&mut self, id: WatchId, event: &Event) -> bool {
+        if self.is_unnamed_file(id, event) {
             return true;
         }
         if !event.name.is_empty() && temp::parse_temp_name(event.name).is_some() {
@@ -315,17 +356,17 @@ impl State {
 
     /// An event on an `O_TMPFILE` file being written: the kernel names it `#<inode>`, a name no
     /// entry of the directory has (one that does is a real file, and reported).
-    fn is_unnamed_file(&self, event: &Event) -> bool {
+    fn is_unnamed_file(&self, id: WatchId, event: &Event) -> bool {
         let name = event.name.as_bytes();
         let looks_unnamed =
             name.len() > 1 && name[0] == b'#' && name[1..].iter().all(u8::is_ascii_digit);
         if !looks_unnamed {
             return false;
         }
-        let Some(sub) = self.table.subscribers(event.wd).first() else {
+        let Some(watch) = self.watches.get(&id) else {
             return false;
         };
-        let Some(watch) = self.watches.get(&sub.watch) else {
+        let Some(sub) = watch.table.subscribers(event.wd).first() else {
             return false;
         };
         let path = watch.root.join(&sub.rel).join(event.name);
@@ -349,6 +390,14 @@ impl State {
         };
         *slot = (0, 0);
         true
+    }
+}
+
+/// Removes kernel watches `watch` no longer needs. One the kernel already dropped (its
+/// `IN_IGNORED` not read yet) is `EINVAL`, which changes nothing.
+fn release(watch: &Watch, wds: Vec<Wd>) {
+    for wd in wds {
+        let _ = watch.kernel.rm_watch(wd);
     }
 }
 
@@ -400,30 +449,76 @@ pub struct Tree<'a> {
     pub strict: bool,
 }
 
+/// A directory met by [`add_tree`]: its paths, and the open directory it was found in (none for
+/// the tree's top), through which the kernel is given a short path however deep it is.
+pub struct Dir {
+    pub abs: PathBuf,
+    pub rel: PathBuf,
+    parent: Option<Arc<File>>,
+}
+
+impl Dir {
+    /// The path to give the kernel: `/proc/self/fd/<parent>/<name>` below the top (never longer
+    /// than `PATH_MAX`, and naming the entry of the directory already open, whatever was
+    /// renamed above it), the path itself for the top.
+    fn at(&self) -> PathBuf {
+        match (&self.parent, self.abs.file_name()) {
+            (Some(parent), Some(name)) => {
+                PathBuf::from(format!("/proc/self/fd/{}", parent.as_raw_fd())).join(name)
+            }
+            _ => self.abs.clone(),
+        }
+    }
+
+    /// Opens the directory to list it; `Ok(None)` when it vanished, is not a directory any more
+    /// or may not be read (a link below the top is not followed).
+    fn open(&self) -> Result<Option<File>, WatchError> {
+        let mut flags = libc::O_DIRECTORY;
+        if self.parent.is_some() {
+            flags |= libc::O_NOFOLLOW;
+        }
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(self.at())
+        {
+            Ok(file) => Ok(Some(file)),
+            Err(error) if vanished(&error) => Ok(None),
+            Err(error) => Err(WatchError::Io {
+                path: self.abs.clone(),
+                error,
+            }),
+        }
+    }
+}
+
 /// Watches `tree.abs` and, when recursive, every directory below it, each before it is
 /// listed, so that whatever appears after the listing is reported by the kernel. Depth first,
-/// entries in name order (Go's `filepath.WalkDir`), links not followed. Entries that vanish or
-/// may not be read meanwhile are skipped; the watch limit is an error.
+/// entries in name order (Go's `filepath.WalkDir`), links not followed, with an explicit
+/// stack. Each directory below the top is reached through its parent's open descriptor, so
+/// no path the kernel is given exceeds `PATH_MAX` however deep the tree; a directory's
+/// descriptor stays open while entries of it wait on the stack. Entries that vanish or may not
+/// be read meanwhile are skipped; the watch limit, running out of descriptors and
+/// [`MAX_PATH_BYTES`] are errors.
 pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchError> {
     enum Step {
         Stop,
         Skip,
         List,
     }
-    // (absolute path, relative path, is a directory, is the tree's top, holds data)
-    let mut stack = vec![(
-        tree.abs.to_path_buf(),
-        tree.rel.to_path_buf(),
-        true,
-        true,
-        false,
-    )];
-    while let Some((abs, rel, is_dir, top, written)) = stack.pop() {
+    let top = Dir {
+        abs: tree.abs.to_path_buf(),
+        rel: tree.rel.to_path_buf(),
+        parent: None,
+    };
+    // (the entry, is a directory, is the tree's top, holds data)
+    let mut stack = vec![(top, true, true, false)];
+    while let Some((dir, is_dir, top, written)) = stack.pop() {
         let step = access.with(|state| -> Result<Step, WatchError> {
             // Watched before it is announced: a client that reacts to the create by writing
             // into the new directory must find the watch there already.
             let step = if is_dir {
-                match state.add_dir(tree.watch, &abs, &rel, top && tree.strict)? {
+                match state.add_dir(tree.watch, &dir, top && tree.strict)? {
                     true => Step::List,
                     false if state.watches.contains_key(&tree.watch) => Step::Skip,
                     false => return Ok(Step::Stop),
@@ -431,12 +526,13 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             } else {
                 Step::Skip
             };
-            if tree.announce && !top && !state.deliver(tree.watch, Op::Create, &rel, &abs) {
+            let (abs, rel) = (&dir.abs, &dir.rel);
+            if tree.announce && !top && !state.deliver(tree.watch, Op::Create, rel, abs) {
                 return Ok(Step::Stop);
             }
             // A file found already holding data was written before the watch could see it:
             // its write is reported too, as it would have been with the watch in place.
-            if tree.announce && written && !state.deliver(tree.watch, Op::Write, &rel, &abs) {
+            if tree.announce && written && !state.deliver(tree.watch, Op::Write, rel, abs) {
                 return Ok(Step::Stop);
             }
             Ok(step)
@@ -447,7 +543,11 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             Step::List if !tree.recursive => continue,
             Step::List => {}
         }
-        let Ok(entries) = std::fs::read_dir(&abs) else {
+        let Some(opened) = dir.open()? else {
+            continue;
+        };
+        let listing = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+        let Ok(entries) = std::fs::read_dir(&listing) else {
             continue;
         };
         let mut children: Vec<(std::ffi::OsString, bool, bool)> = entries
@@ -464,8 +564,14 @@ pub fn add_tree(access: &mut impl Access, tree: &Tree<'_>) -> Result<(), WatchEr
             .filter(|(_, is_dir, _)| *is_dir || tree.announce)
             .collect();
         children.sort();
+        let parent = Arc::new(opened);
         for (name, is_dir, written) in children.into_iter().rev() {
-            stack.push((abs.join(&name), rel.join(&name), is_dir, false, written));
+            let child = Dir {
+                abs: dir.abs.join(&name),
+                rel: dir.rel.join(&name),
+                parent: Some(Arc::clone(&parent)),
+            };
+            stack.push((child, is_dir, false, written));
         }
     }
     Ok(())

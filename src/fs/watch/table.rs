@@ -1,8 +1,7 @@
 //! Which watches see each watched directory, and where it is inside each of them.
 //!
-//! Every watch shares the daemon's one inotify instance, so the kernel gives one descriptor per
-//! directory however many watches include it: the same directory may be the root of one watch
-//! and a subdirectory of another's recursive tree. The table maps each descriptor to its
+//! Each watch has its own table (and inotify instance); the table still names the watch of each
+//! subscription, so it could serve several watches sharing an instance. The table maps each descriptor to its
 //! subscribers, each with the directory's path relative to that watch's root (empty for the
 //! root), and each watch to its descriptors, so a watch is dropped without a scan. It is pure
 //! bookkeeping: the caller makes the system calls, and asks the table which descriptors
@@ -28,6 +27,8 @@ pub struct Sub {
 pub struct Table {
     dirs: HashMap<Wd, Vec<Sub>>,
     watches: HashMap<WatchId, BTreeSet<Wd>>,
+    /// Bytes of the subscriptions' paths.
+    bytes: usize,
 }
 
 impl Table {
@@ -36,8 +37,12 @@ impl Table {
     /// first.
     pub fn subscribe(&mut self, wd: Wd, watch: WatchId, rel: &Path) {
         let subs = self.dirs.entry(wd).or_default();
+        self.bytes += rel.as_os_str().len();
         match subs.iter_mut().find(|sub| sub.watch == watch) {
-            Some(sub) => sub.rel = rel.to_path_buf(),
+            Some(sub) => {
+                self.bytes -= sub.rel.as_os_str().len();
+                sub.rel = rel.to_path_buf();
+            }
             None => subs.push(Sub {
                 watch,
                 rel: rel.to_path_buf(),
@@ -83,6 +88,7 @@ impl Table {
     /// Forgets `wd` for every watch: the kernel removed it (`IN_IGNORED`).
     pub fn forget(&mut self, wd: Wd) {
         for sub in self.dirs.remove(&wd).unwrap_or_default() {
+            self.bytes -= sub.rel.as_os_str().len();
             if let Some(wds) = self.watches.get_mut(&sub.watch) {
                 wds.remove(&wd);
                 if wds.is_empty() {
@@ -92,10 +98,9 @@ impl Table {
         }
     }
 
-    /// Forgets everything; returns every descriptor.
-    pub fn clear(&mut self) -> Vec<Wd> {
-        self.watches.clear();
-        self.dirs.drain().map(|(wd, _)| wd).collect()
+    /// Bytes of the paths it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// How many directories are watched.
@@ -115,7 +120,15 @@ impl Table {
         let Some(subs) = self.dirs.get_mut(&wd) else {
             return false;
         };
-        subs.retain(|sub| sub.watch != watch);
+        let mut freed = 0;
+        subs.retain(|sub| {
+            let keep = sub.watch != watch;
+            if !keep {
+                freed += sub.rel.as_os_str().len();
+            }
+            keep
+        });
+        self.bytes -= freed;
         if subs.is_empty() {
             self.dirs.remove(&wd);
             return true;
@@ -178,6 +191,11 @@ mod tests {
         table.subscribe(Wd(2), 7, Path::new("old"));
         table.subscribe(Wd(2), 7, Path::new("new"));
         assert_eq!(rels(&table, 2), [(7, "new".into())]);
+        assert_eq!(table.bytes(), 3);
+        table.subscribe(Wd(3), 7, Path::new("new/deeper"));
+        assert_eq!(table.bytes(), 13);
+        assert_eq!(table.unsubscribe_below(7, Path::new("new")).len(), 2);
+        assert_eq!(table.bytes(), 0);
     }
 
     #[test]
@@ -190,8 +208,5 @@ mod tests {
         assert!(table.subscribers(Wd(2)).is_empty());
         assert!(table.unsubscribe_all(8).is_empty());
         assert_eq!(table.unsubscribe_all(7), [Wd(1)]);
-        table.subscribe(Wd(3), 9, Path::new(""));
-        assert_eq!(table.clear(), [Wd(3)]);
-        assert_eq!(table.len(), 0);
     }
 }

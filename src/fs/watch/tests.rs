@@ -198,13 +198,14 @@ fn events_on_the_root_itself_are_named_dot() {
 }
 
 #[test]
-fn watches_share_directories_and_free_them_when_the_last_one_goes() {
+fn watches_of_one_directory_each_watch_it_and_free_it_when_they_go() {
     let hub = Hub::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     fs::create_dir(dir.path().join("sub")).unwrap();
     let (whole, seen_whole) = watch(&hub, dir.path(), true);
     let (sub, seen_sub) = watch(&hub, &dir.path().join("sub"), false);
-    assert_eq!(hub.counts(), (2, 2));
+    // Each watch has its own instance, so "sub" is watched twice.
+    assert_eq!(hub.counts(), (3, 2));
     fs::write(dir.path().join("sub/f"), b"").unwrap();
     wait_for(&seen_whole, &[(Op::Create, "sub/f")]);
     wait_for(&seen_sub, &[(Op::Create, "f")]);
@@ -258,7 +259,10 @@ fn the_root_must_be_a_watchable_directory() {
             next: None,
         };
         match hub.watch(&path, true, Box::new(sink)) {
-            Err(WatchError::Io { error, .. }) => assert_eq!(error.raw_os_error(), Some(errno)),
+            Err(Refused {
+                error: WatchError::Io { error, .. },
+                ..
+            }) => assert_eq!(error.raw_os_error(), Some(errno)),
             other => panic!("{path:?}: {other:?}"),
         }
     }
@@ -272,11 +276,11 @@ fn the_root_must_be_a_watchable_directory() {
 }
 
 #[test]
-fn an_overflowed_queue_ends_every_watch_and_frees_every_kernel_watch() {
-    let kernel = Arc::new(Inotify::new().unwrap());
-    let mut state = state::State::new(Arc::clone(&kernel));
+fn an_overflowed_queue_ends_its_own_watch_only() {
+    let mut state = state::State::new();
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut seen = Vec::new();
+    let mut ids = Vec::new();
     for dir in &dirs {
         let watched = Arc::new(Seen::default());
         let sink = Recorder {
@@ -284,7 +288,7 @@ fn an_overflowed_queue_ends_every_watch_and_frees_every_kernel_watch() {
             tick_every: None,
             next: None,
         };
-        let id = state.insert(dir.path(), false, Box::new(sink));
+        let id = state.insert(dir.path(), false, Box::new(sink), Inotify::new().unwrap());
         let tree = state::Tree {
             watch: id,
             abs: dir.path(),
@@ -295,31 +299,43 @@ fn an_overflowed_queue_ends_every_watch_and_frees_every_kernel_watch() {
         };
         state::add_tree(&mut state, &tree).unwrap();
         seen.push(watched);
+        ids.push(id);
     }
     assert_eq!((state.watched_dirs(), state.watches()), (2, 2));
+    assert_eq!(state.kernels().len(), 2);
     // An event of a descriptor nobody watches is ignored.
     let stray = std::ffi::OsStr::new("x");
-    state.handle(&inotify::Event {
-        wd: inotify::Wd(9999),
-        mask: libc::IN_CREATE,
-        cookie: 0,
-        name: stray,
-    });
-    state.handle(&inotify::Event {
-        wd: inotify::Wd(-1),
-        mask: libc::IN_Q_OVERFLOW,
-        cookie: 0,
-        name: std::ffi::OsStr::new(""),
-    });
-    assert_eq!((state.watched_dirs(), state.watches()), (0, 0));
-    for watched in &seen {
-        assert_eq!(watched.ended.lock().unwrap().as_deref(), Some("Overflow"));
-        assert!(watched.changes.lock().unwrap().is_empty());
-    }
-    // The kernel watches are gone too: each removal queued its IN_IGNORED.
+    state.handle(
+        ids[0],
+        &inotify::Event {
+            wd: inotify::Wd(9999),
+            mask: libc::IN_CREATE,
+            cookie: 0,
+            name: stray,
+        },
+    );
+    state.handle(
+        ids[0],
+        &inotify::Event {
+            wd: inotify::Wd(-1),
+            mask: libc::IN_Q_OVERFLOW,
+            cookie: 0,
+            name: std::ffi::OsStr::new(""),
+        },
+    );
+    assert_eq!((state.watched_dirs(), state.watches()), (1, 1));
+    assert_eq!(seen[0].ended.lock().unwrap().as_deref(), Some("Overflow"));
+    assert!(seen[0].changes.lock().unwrap().is_empty());
+    // The other watch lives on, with its instance, and is told its events.
+    assert_eq!(*seen[1].ended.lock().unwrap(), None);
+    let kernels = state.kernels();
+    assert_eq!(kernels.len(), 1);
+    fs::write(dirs[1].path().join("still"), b"").unwrap();
     let mut buf = vec![0u8; 4096];
-    let n = kernel.read(&mut buf).unwrap();
+    let n = kernels[0].1.read(&mut buf).unwrap();
     let (events, _) = inotify::parse(&buf[..n]).unwrap();
-    let ignored = events.iter().filter(|e| e.mask & libc::IN_IGNORED != 0);
-    assert_eq!(ignored.count(), 2);
+    for event in &events {
+        state.handle(ids[1], event);
+    }
+    assert_eq!(names(&seen[1]), ["still"]);
 }

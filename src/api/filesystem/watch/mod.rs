@@ -9,6 +9,8 @@
 //! deadline, a client that leaves or does not keep up), `watchers` the polled watchers (ids,
 //! buffers, caps, expiry). Watching itself is `fs::watch`'s.
 
+mod budget;
+mod setup;
 mod stream;
 mod watchers;
 
@@ -104,6 +106,33 @@ impl Describe {
     }
 }
 
+impl FilesystemEvent {
+    /// The bytes it holds beyond its own size: its name and its entry's strings.
+    fn heap_bytes(&self) -> usize {
+        self.name.capacity() + self.entry.as_ref().map_or(0, entry_bytes)
+    }
+}
+
+/// The bytes an entry holds beyond its own size (a map's entries with some room for the map's
+/// nodes).
+fn entry_bytes(entry: &EntryInfo) -> usize {
+    let optional = |text: &Option<String>| text.as_ref().map_or(0, String::capacity);
+    let metadata: usize = entry
+        .metadata
+        .iter()
+        .map(|(key, value)| key.capacity() + value.capacity() + 64)
+        .sum();
+    std::mem::size_of::<EntryInfo>()
+        + entry.name.capacity()
+        + entry.path.capacity()
+        + entry.permissions.capacity()
+        + entry.owner.capacity()
+        + entry.group.capacity()
+        + optional(&entry.modified_time)
+        + optional(&entry.symlink_target)
+        + metadata
+}
+
 /// Filesystems whose events may never arrive, which envd refuses to watch unless
 /// `allowNetworkMounts` (the `statfs` magic numbers of NFS, CIFS, SMB, SMB2 and FUSE).
 const NETWORK_FILESYSTEMS: [u64; 5] = [0x6969, 0xff53_4d42, 0x517b, 0xfe53_4d42, 0x6573_5546];
@@ -139,7 +168,7 @@ fn directory(caller: &Caller, request: &WatchRequest) -> Result<PathBuf, Error> 
     Ok(path)
 }
 
-/// The daemon's watcher; failing to start it is usually the user's inotify instance limit.
+/// The daemon's watcher; failing to start it is running out of descriptors or threads.
 fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
         let code = if crate::api::status::exhausted(&e) {
@@ -160,7 +189,9 @@ fn hub() -> Result<Hub, Error> {
 /// A directory that could not be watched, as a Connect error.
 fn watch_error(error: WatchError) -> Error {
     match error {
-        WatchError::Limit { .. } => Error::new(Code::ResourceExhausted, error.to_string()),
+        WatchError::Limit { .. } | WatchError::Instances(_) | WatchError::Paths { .. } => {
+            Error::new(Code::ResourceExhausted, error.to_string())
+        }
         WatchError::Io { path, error } => io_error(&error, "error adding path to watcher", &path),
     }
 }

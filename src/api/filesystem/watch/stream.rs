@@ -11,6 +11,9 @@
 //!   the connection and the kernel's socket buffers hold). A client that lets it fill is ended
 //!   with `resource_exhausted`, after the events already queued, and its watch dropped: the
 //!   watcher never waits for a client and memory never grows with one.
+//! - What a stream's queue holds is charged to the daemon's budget for waiting events
+//!   (`budget`), after each message and at each look (every second): a stream that finds no
+//!   room is ended with `resource_exhausted` as a full queue is.
 //! - A client that leaves is noticed within a second, `rpc::CHECK_EVERY` (or at the next
 //!   event), and its watch dropped.
 //! - `Connect-Timeout-Ms` ends the stream with `deadline_exceeded` when it passes; the SDKs
@@ -18,20 +21,26 @@
 //! - When the daemon shuts down, streams end with `unavailable` within a second, so the drain
 //!   does not wait for them.
 //! - A call that fails once its head is accepted (a bad request message, a path that is not a
-//!   directory, the watch limit) is answered 200 with only the end-of-stream error
-//!   (`api::rpc::failed`).
+//!   directory) is answered 200 with only the end-of-stream error (`api::rpc::failed`).
+//! - The watch is set up on a setup thread (`setup`), not in the worker: the answer is
+//!   returned at once, `start` is sent once every directory is watched, and a failure (the
+//!   watch limit, the instance limit) is the end-of-stream message after nothing else. Changes
+//!   seen while the tree is being set up are held, within the queue's bytes, and sent right
+//!   after `start`; keep-alives, the client's leaving and the deadline are looked at from
+//!   `start` on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{directory, ended_error, hub, watch_error, Describe, FilesystemEvent, WatchRequest};
+use super::budget::{self, Charge};
+use super::{directory, ended_error, hub, setup, Describe, FilesystemEvent, WatchRequest};
 use crate::api::filesystem::Caller;
 use crate::api::rpc::LiveStream;
 use crate::app::App;
 use crate::connect::{Call, Code, Error};
-use crate::fs::watch::{Change, Ended, Sink};
+use crate::fs::watch::{Change, Ended, Refused, Sink};
 use crate::http::Response;
 
 /// Bytes of messages a stream holds for a client that has not taken them.
@@ -56,13 +65,8 @@ pub fn watch_dir(
 ) -> Result<Response, Error> {
     let dir = directory(&caller, &request)?;
     let hub = hub()?;
-    let (mut live, response) =
+    let (live, response) =
         LiveStream::open(QUEUE_BYTES, "; the watch is ended", keepalive, call.timeout);
-    // Queued first; nothing reaches the client before this answer is returned, and it is
-    // returned once every directory is watched, so what the client does after `start` is seen.
-    if !live.send(&Message::Start {}) {
-        return Err(Error::new(Code::Internal, "error sending start event"));
-    }
     let sink = StreamSink {
         live,
         describe: Describe {
@@ -70,9 +74,15 @@ pub fn watch_dir(
             owners: caller.owners,
         },
         app: Arc::clone(app),
+        early: Some(Early::default()),
+        charge: Charge::default(),
     };
-    hub.watch(&dir, request.recursive, Box::new(sink))
-        .map_err(watch_error)?;
+    let recursive = request.recursive;
+    setup::spawn(Box::new(move || {
+        if let Err(Refused { error, sink }) = hub.watch(&dir, recursive, Box::new(sink)) {
+            sink.end(Ended::Failed(error));
+        }
+    }))?;
     Ok(response)
 }
 
@@ -81,16 +91,77 @@ struct StreamSink {
     live: LiveStream,
     describe: Describe,
     app: Arc<App>,
+    /// Until the watch is in place (`None` after): the changes seen meanwhile.
+    early: Option<Early>,
+    /// What the queue (or `early`) holds, charged to the daemon's budget.
+    charge: Charge,
+}
+
+impl StreamSink {
+    /// Sends one message and charges what the queue holds now; false when the stream is over.
+    fn send(&mut self, message: &Message) -> bool {
+        self.live.send(message) && self.account()
+    }
+
+    /// Charges what the queue holds now; false (the stream ended) when it does not fit.
+    fn account(&mut self) -> bool {
+        let queued = self.live.stream().map_or(0, |stream| stream.queued());
+        if self.charge.set(queued) {
+            return true;
+        }
+        self.live.finish(Err(budget::exhausted()));
+        false
+    }
+}
+
+/// Changes seen while a watch is set up, held until its `start` is sent.
+#[derive(Default)]
+struct Early {
+    events: Vec<FilesystemEvent>,
+    bytes: usize,
 }
 
 impl Sink for StreamSink {
     fn deliver(&mut self, change: &Change<'_>) -> bool {
         let event = self.describe.event(change);
-        self.live.send(&Message::Filesystem(&event))
+        let Some(early) = &mut self.early else {
+            return self.send(&Message::Filesystem(&event));
+        };
+        let bytes = event.heap_bytes() + std::mem::size_of::<FilesystemEvent>();
+        early.bytes += bytes;
+        if early.bytes > QUEUE_BYTES || !self.charge.add(bytes) {
+            self.early = None;
+            self.live.finish(Err(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "more than {} KiB of events came while the watch was being set up (or the \
+                     daemon's {} MiB for waiting events are used up); the watch is ended",
+                    QUEUE_BYTES >> 10,
+                    budget::TOTAL_BYTES >> 20
+                ),
+            )));
+            return false;
+        }
+        early.events.push(event);
+        true
+    }
+
+    fn ready(&mut self) -> bool {
+        let early = self.early.take().unwrap_or_default();
+        if !self.send(&Message::Start {}) {
+            return false;
+        }
+        early
+            .events
+            .iter()
+            .all(|event| self.send(&Message::Filesystem(event)))
     }
 
     fn next_tick(&self) -> Option<Instant> {
-        Some(self.live.next_tick())
+        match self.early {
+            Some(_) => None,
+            None => Some(self.live.next_tick()),
+        }
     }
 
     fn tick(&mut self, now: Instant) -> bool {
@@ -104,7 +175,7 @@ impl Sink for StreamSink {
             )));
             return false;
         }
-        self.live.keep_alive(now, &Message::Keepalive {})
+        self.live.keep_alive(now, &Message::Keepalive {}) && self.account()
     }
 
     fn end(mut self: Box<Self>, ended: Ended) {

@@ -6,9 +6,14 @@
 //! - An id is `w` and 32 hex digits from 16 bytes of `/dev/urandom`: unguessable, so one client
 //!   cannot read or remove another's watcher by trying ids.
 //! - At most [`MAX_WATCHERS`] watchers at once; another is `resource_exhausted`.
-//! - At most [`MAX_EVENTS`] events wait in a watcher. One more, and the watcher fails as envd's
-//!   does on a watch error: its events are dropped, its kernel watches freed, and every
-//!   `GetWatcherEvents` answers the error (`resource_exhausted`) until `RemoveWatcher`.
+//! - At most [`MAX_EVENTS`] events, and [`MAX_BYTES`] of them, wait in a watcher, within the
+//!   daemon's budget for all watches (`budget::TOTAL_BYTES`). One more, and the watcher fails
+//!   as envd's does on a watch error: its events are dropped, its kernel watches freed, and
+//!   every `GetWatcherEvents` answers the error (`resource_exhausted`) until `RemoveWatcher`.
+//!   An event's bytes are its share of the buffer and the strings it holds (its name, with
+//!   `includeEntry` its entry's).
+//! - A recursive watcher is set up in its worker (the id is answered once the watch is in
+//!   place), in one of `setup::MAX_WORKER_SETUPS` slots.
 //! - A watcher nobody has asked for events for [`IDLE_EXPIRY`] (one hour) expires: its watch and
 //!   events are dropped, and the next `GetWatcherEvents` says so (`not_found`) and forgets the
 //!   id. A forgotten `stop()` thus costs neither kernel watches nor memory for ever; a client
@@ -23,15 +28,19 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::budget::{self, Charge};
+use super::setup::WorkerSlot;
 use super::{directory, ended_error, hub, watch_error, Describe, FilesystemEvent, WatchRequest};
 use crate::api::filesystem::Caller;
 use crate::connect::{Code, Error};
-use crate::fs::watch::{Change, Ended, Hub, Sink, WatchId};
+use crate::fs::watch::{Change, Ended, Hub, Refused, Sink, WatchId};
 
 /// The most watchers at once.
 pub const MAX_WATCHERS: usize = 256;
 /// The most events waiting in one watcher.
 pub const MAX_EVENTS: usize = 10_000;
+/// The most bytes of events waiting in one watcher.
+pub const MAX_BYTES: usize = 4 << 20;
 /// How long a watcher lives without `GetWatcherEvents`.
 pub const IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 
@@ -58,6 +67,8 @@ struct Watcher {
 /// What a watcher holds for its client.
 struct Buffer {
     events: Vec<FilesystemEvent>,
+    /// What `events` holds, charged to the daemon's budget.
+    charge: Charge,
     /// Once set, the answer to every `GetWatcherEvents`.
     error: Option<Error>,
     last_asked: Instant,
@@ -72,13 +83,18 @@ pub fn create_watcher(
     let hub = hub()?;
     ensure_room(&mut watchers())?;
     let id = new_id()?;
+    let _slot = if request.recursive {
+        Some(WorkerSlot::take()?)
+    } else {
+        None
+    };
     let (sink, buffer) = BufferSink::new(Describe {
         include_entry: request.include_entry,
         owners: caller.owners,
     });
     let watch = hub
         .watch(&dir, request.recursive, Box::new(sink))
-        .map_err(watch_error)?;
+        .map_err(|Refused { error, .. }| watch_error(error))?;
     let mut all = watchers();
     // Checked again: others may have been created meanwhile.
     if let Err(error) = ensure_room(&mut all) {
@@ -110,9 +126,9 @@ pub fn get_watcher_events(id: &str) -> Result<GetWatcherEventsResponse, Error> {
     if let Some(error) = &buffer.error {
         return Err(error.clone());
     }
-    Ok(GetWatcherEventsResponse {
-        events: std::mem::take(&mut buffer.events),
-    })
+    let events = std::mem::take(&mut buffer.events);
+    buffer.charge.clear();
+    Ok(GetWatcherEventsResponse { events })
 }
 
 pub fn remove_watcher(id: &str) -> Result<(), Error> {
@@ -173,6 +189,7 @@ impl BufferSink {
     fn new(describe: Describe) -> (BufferSink, Arc<Mutex<Buffer>>) {
         let buffer = Arc::new(Mutex::new(Buffer {
             events: Vec::new(),
+            charge: Charge::default(),
             error: None,
             last_asked: Instant::now(),
             expired: false,
@@ -189,15 +206,39 @@ impl Sink for BufferSink {
     fn deliver(&mut self, change: &Change<'_>) -> bool {
         let event = self.describe.event(change);
         let mut buffer = lock(&self.buffer);
-        if buffer.events.len() >= MAX_EVENTS {
-            buffer.events = Vec::new();
-            buffer.error = Some(Error::new(
+        // Its place in the buffer (which grows by doubling) and what it holds.
+        let room = if buffer.events.len() == buffer.events.capacity() {
+            buffer.events.capacity().max(4) * std::mem::size_of::<FilesystemEvent>()
+        } else {
+            0
+        };
+        let bytes = room + event.heap_bytes();
+        let error = if buffer.events.len() >= MAX_EVENTS {
+            Some(Error::new(
                 Code::ResourceExhausted,
                 format!(
                     "more than {MAX_EVENTS} events waited for GetWatcherEvents: events were \
                      lost; remove this watcher and create another"
                 ),
-            ));
+            ))
+        } else if buffer.charge.bytes() + bytes > MAX_BYTES {
+            Some(Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "more than {} KiB of events waited for GetWatcherEvents: events were \
+                     lost; remove this watcher and create another",
+                    MAX_BYTES >> 10
+                ),
+            ))
+        } else if !buffer.charge.add(bytes) {
+            Some(budget::exhausted())
+        } else {
+            None
+        };
+        if let Some(error) = error {
+            buffer.events = Vec::new();
+            buffer.charge.clear();
+            buffer.error = Some(error);
             return false;
         }
         buffer.events.push(event);
@@ -215,12 +256,14 @@ impl Sink for BufferSink {
         }
         buffer.expired = true;
         buffer.events = Vec::new();
+        buffer.charge.clear();
         false
     }
 
     fn end(self: Box<Self>, ended: Ended) {
         let mut buffer = lock(&self.buffer);
         buffer.events = Vec::new();
+        buffer.charge.clear();
         buffer.error = Some(ended_error(ended));
     }
 }
@@ -258,6 +301,25 @@ mod tests {
         let error = buffer.error.as_ref().unwrap();
         assert_eq!(error.code, Code::ResourceExhausted);
         assert!(error.message.contains("10000"), "{}", error.message);
+    }
+
+    #[test]
+    fn long_events_fill_the_buffer_in_bytes_before_in_count() {
+        let (mut sink, buffer) = sink();
+        let long = "n".repeat(4000);
+        let mut delivered = 0;
+        while sink.deliver(&change(&long)) {
+            delivered += 1;
+            assert!(delivered < MAX_EVENTS, "the byte bound never came");
+        }
+        // About MAX_BYTES / 4 KiB of them, then the watcher failed and gave its bytes back.
+        assert!(delivered > MAX_BYTES / 8192, "{delivered}");
+        let buffer = lock(&buffer);
+        assert!(buffer.events.is_empty());
+        assert_eq!(buffer.charge.bytes(), 0);
+        let error = buffer.error.as_ref().unwrap();
+        assert_eq!(error.code, Code::ResourceExhausted);
+        assert!(error.message.contains("KiB"), "{}", error.message);
     }
 
     #[test]
