@@ -40,6 +40,12 @@ pub use stream::Stream;
 /// process's stdin chunk is the largest).
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 
+/// The most bytes of request bodies collected whole (every unary and server-streaming call's
+/// request, and the small JSON bodies of the HTTP routes) held by all connections together
+/// (SPEC §9b): sixteen bodies at [`MAX_REQUEST_BYTES`]. Past it a call is refused with
+/// `resource_exhausted` until bodies are handed over or given up.
+pub const COLLECT_BUDGET: usize = 64 << 20;
+
 /// Connect's error codes (<https://connectrpc.com/docs/protocol#error-codes>).
 // The protocol's whole table, with its statuses; the services send only some of the codes.
 #[allow(dead_code)]

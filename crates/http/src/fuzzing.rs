@@ -141,6 +141,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
         send_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(10),
         discard_cap: 1024,
+        collect_budget: crate::budget::Budget::new(1 << 20),
     };
     let now = Instant::now();
     let in_flight = Arc::new(AtomicUsize::new(0));

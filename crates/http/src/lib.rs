@@ -61,9 +61,11 @@
 //! complete request that waits for a worker never times out.
 #![deny(missing_docs)]
 
+mod budget;
 mod chunked;
 mod conn;
 pub mod date;
+pub mod deferred;
 mod error;
 mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
