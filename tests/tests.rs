@@ -23,6 +23,8 @@ mod faults;
 mod filesystem;
 // Directory watches: the WatchDir stream and the polled watchers, inotify underneath.
 mod filesystem_watch;
+// Issue 21, Connect/HTTP: Connect-form refusals, the bodies' budget, long calls, StreamInput.
+mod hardening_connect;
 // The HTTP layer: framing, keep-alive, pipelining, limits, timeouts.
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.
