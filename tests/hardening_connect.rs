@@ -276,7 +276,7 @@ fn stream_input_applies_a_large_data_message_as_it_arrives() {
         ),
     );
     // One data message of ~1.3 MiB whose first 600 KiB are sent, then nothing more for now.
-    let input: Vec<u8> = (0..(MIB + 3)).map(|i| (i % 251) as u8).collect();
+    let input: Vec<u8> = (0..(MIB + 3)).map(common::low_byte).collect();
     let message = json!({"data": {"input": {"stdin": b64(&input)}}}).to_string();
     let whole = envelope(0, message.as_bytes());
     let sent = 600 << 10;

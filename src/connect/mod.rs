@@ -25,6 +25,7 @@
 pub mod envelope;
 pub mod json;
 mod stream;
+pub mod streamed;
 
 use std::fmt;
 use std::time::Duration;

@@ -23,6 +23,7 @@ use super::messages::{Input, ProcessInput, ProcessSelector};
 use super::proc_error;
 use crate::api::rpc::failed;
 use crate::connect::envelope::{self, END_STREAM, PREFIX};
+use crate::connect::streamed::{Refusal, StreamedBytes};
 use crate::connect::{Code, Error, Stream};
 use crate::http::{BodySink, Response};
 use crate::proc::{Hub, ProcError, Selector};
@@ -147,7 +148,7 @@ impl InputSink {
                     if done {
                         decoded.extend(data.finish()?);
                     }
-                    let pty = data.pty;
+                    let pty = data.pty();
                     if done {
                         self.reading = Reading::default();
                     }
@@ -232,154 +233,46 @@ impl BodySink for InputSink {
     }
 }
 
-/// A large data message read as it arrives: `{"data":{"input":{"stdin":"` (or `"pty"`), the
-/// base64 bytes decoded in groups of four as they come, then `}}}`. Whitespace between tokens
-/// is skipped; any other shape is refused.
-#[derive(Default)]
-struct StreamedData {
-    stage: Stage,
-    /// The bytes go to a terminal (`pty`), else to stdin.
-    pty: bool,
-}
+/// The tokens before a data event's bytes, stdin's then the terminal's.
+const DATA_OPENINGS: &[&[u8]] = &[
+    br#"{"data":{"input":{"stdin":""#,
+    br#"{"data":{"input":{"pty":""#,
+];
 
-enum Stage {
-    /// The tokens before the base64 string, whitespace outside strings removed.
-    Opening { compact: Vec<u8>, in_string: bool },
-    /// Base64 characters not decoded yet (fewer than four after each push), in the standard
-    /// alphabet; `=` seen; a backslash seen.
-    Value {
-        pending: Vec<u8>,
-        padding: u8,
-        escape: bool,
-    },
-    /// After the string: the closing braces seen.
-    Closing { braces: u8 },
-}
+/// A large data message, read as it arrives.
+struct StreamedData(StreamedBytes);
 
-impl Default for Stage {
-    fn default() -> Stage {
-        Stage::Opening {
-            compact: Vec::new(),
-            in_string: false,
-        }
+impl Default for StreamedData {
+    fn default() -> StreamedData {
+        StreamedData(StreamedBytes::new(DATA_OPENINGS))
     }
-}
-
-const OPENING_STDIN: &[u8] = br#"{"data":{"input":{"stdin":""#;
-const OPENING_PTY: &[u8] = br#"{"data":{"input":{"pty":""#;
-
-fn not_data_event(what: &str) -> Error {
-    Error::invalid_argument(format!(
-        "a message over {} KiB must be a data event {{\"data\":{{\"input\":{{\"stdin\" or \
-         \"pty\":\"<base64>\"}}}}}}: {what}",
-        WHOLE_MESSAGE_MAX >> 10
-    ))
-}
-
-/// Standard base64 without padding (whole groups, or the last one cut short).
-fn decode(chars: &[u8]) -> Result<Vec<u8>, Error> {
-    base64_simd::STANDARD_NO_PAD
-        .decode_to_vec(chars)
-        .map_err(|_| Error::invalid_argument("process input: invalid base64"))
-}
-
-/// The end of the string: what is left (fewer than four characters once groups were decoded
-/// after each push, but all of it if the string ended in this push) with its padding, which
-/// must complete the last group if present.
-fn decode_last(pending: &[u8], padding: u8) -> Result<Vec<u8>, Error> {
-    let cut = pending.len() % 4;
-    let padding_fits = padding == 0 || (cut >= 2 && usize::from(padding) == 4 - cut);
-    if cut == 1 || !padding_fits {
-        return Err(Error::invalid_argument("process input: invalid base64"));
-    }
-    decode(pending)
 }
 
 impl StreamedData {
-    /// Takes the next bytes of the message; returns the input bytes they complete.
+    /// The input bytes completed by the next bytes of the message.
     fn push(&mut self, bytes: &[u8]) -> Result<Vec<u8>, Error> {
-        let mut out = Vec::new();
-        for &byte in bytes {
-            match &mut self.stage {
-                Stage::Opening { compact, in_string } => {
-                    if !*in_string && byte.is_ascii_whitespace() {
-                        continue;
-                    }
-                    if byte == b'"' {
-                        *in_string = !*in_string;
-                    }
-                    compact.push(byte);
-                    let (stdin, pty) = (
-                        OPENING_STDIN.starts_with(compact),
-                        OPENING_PTY.starts_with(compact),
-                    );
-                    if !stdin && !pty {
-                        return Err(not_data_event("another message"));
-                    }
-                    if compact.len() == OPENING_STDIN.len() && stdin
-                        || compact.len() == OPENING_PTY.len() && pty
-                    {
-                        self.pty = pty;
-                        self.stage = Stage::Value {
-                            pending: Vec::new(),
-                            padding: 0,
-                            escape: false,
-                        };
-                    }
-                }
-                Stage::Value {
-                    pending,
-                    padding,
-                    escape,
-                } => {
-                    let sextet = match byte {
-                        b'/' if *escape => b'/',
-                        _ if *escape => return Err(not_data_event("an escape in the base64")),
-                        b'\\' => {
-                            *escape = true;
-                            continue;
-                        }
-                        b'"' => {
-                            out.extend(decode_last(pending, *padding)?);
-                            self.stage = Stage::Closing { braces: 0 };
-                            continue;
-                        }
-                        b'=' if *padding < 2 => {
-                            *padding += 1;
-                            continue;
-                        }
-                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'+' | b'/' => byte,
-                        b'-' => b'+',
-                        b'_' => b'/',
-                        _ => return Err(Error::invalid_argument("process input: invalid base64")),
-                    };
-                    *escape = false;
-                    if *padding > 0 {
-                        return Err(Error::invalid_argument("process input: invalid base64"));
-                    }
-                    pending.push(sextet);
-                }
-                Stage::Closing { braces } => match byte {
-                    b'}' if *braces < 3 => *braces += 1,
-                    _ if byte.is_ascii_whitespace() => {}
-                    _ => return Err(not_data_event("more after the input")),
-                },
-            }
-        }
-        if let Stage::Value { pending, .. } = &mut self.stage {
-            let whole = pending.len() / 4 * 4;
-            out.extend(decode(&pending[..whole])?);
-            pending.drain(..whole);
-        }
-        Ok(out)
+        self.0.push(bytes).map_err(refusal)
     }
 
-    /// The message is complete: it must have ended after its three closing braces.
+    /// The message ended: nothing more to write, or an error.
     fn finish(&mut self) -> Result<Vec<u8>, Error> {
-        match self.stage {
-            Stage::Closing { braces: 3 } => Ok(Vec::new()),
-            _ => Err(not_data_event("cut short")),
-        }
+        self.0.finish().map_err(refusal).map(|()| Vec::new())
+    }
+
+    /// The bytes go to a terminal.
+    fn pty(&self) -> bool {
+        self.0.opening() == Some(1)
+    }
+}
+
+fn refusal(refusal: Refusal) -> Error {
+    match refusal {
+        Refusal::Base64 => Error::invalid_argument("process input: invalid base64"),
+        Refusal::Shape(what) => Error::invalid_argument(format!(
+            "a message over {} KiB must be a data event {{\"data\":{{\"input\":{{\"stdin\" or \
+             \"pty\":\"<base64>\"}}}}}}: {what}",
+            WHOLE_MESSAGE_MAX >> 10
+        )),
     }
 }
 
@@ -419,12 +312,12 @@ mod tests {
             out.extend(data.push(piece)?);
         }
         out.extend(data.finish()?);
-        Ok((out, data.pty))
+        Ok((out, data.pty()))
     }
 
     #[test]
     fn a_large_data_message_decodes_the_same_however_it_is_split() {
-        let input: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let input: Vec<u8> = (0..1000u32).map(|i| i.to_le_bytes()[0] ^ 0x5a).collect();
         for extra in 0..3 {
             let input = &input[..input.len() - extra];
             let text = base64_simd::STANDARD.encode_to_string(input);
