@@ -1,6 +1,8 @@
 //! What envd's two Connect services (`filesystem.Filesystem`, `process.Process`, SPEC §9b)
 //! share above the protocol: how a call starts ([`begin`]: the token, the method, its framing,
-//! the caller's user from `Authorization: Basic`, the collected request), the life of their
+//! the caller's user from `Authorization: Basic`, the collected request; a streaming call's
+//! errors from there on as its end-of-stream message), the HTTP layer's refusals of a call in
+//! Connect's form ([`refused`]), the life of their
 //! streams ([`LiveStream`]: a full queue, the client's leaving, the deadline, keep-alives at
 //! the interval the client asked for), the answer of a stream that failed before it began, and
 //! how the shared file layer's errors become Connect codes.

@@ -18,9 +18,10 @@
 //! - `Connect-Timeout-Ms` (at most 10 digits, as the protocol says) bounds a call; the services
 //!   read it through [`Call::timeout`].
 //! - A streaming call's answer is 200 with the error in its end-of-stream message, as the protocol
-//!   requires, once the call is accepted; a call refused from its head (bad media type, bad
-//!   headers, bad request message) is answered as a unary error would be, which every Connect
+//!   requires, once its framing is known (as connect-go answers); a call refused before that
+//!   (bad media type, bad headers) is answered as a unary error would be, which every Connect
 //!   client reads as the call's error.
+//! - A message with one large `bytes` field can be read as it arrives ([`streamed`]).
 
 pub mod envelope;
 pub mod json;

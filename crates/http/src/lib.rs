@@ -14,9 +14,10 @@
 //! # Using it
 //!
 //! Implement [`Handler`]: [`Handler::begin`] sees each complete head and returns an
-//! [`Action`]: respond at once ([`Response`] with bytes, a file range or a
-//! [`stream`](stream::channel)), collect a small body, or consume a large one piece by piece
-//! through a [`BodySink`]. Then [`start`] the server on a listener with a [`Config`].
+//! [`Action`]: respond at once ([`Response`] with bytes, a file range, a
+//! [`stream`](stream::channel) or a [`deferred`] answer another thread sends later), collect a
+//! small body (all such bodies together within [`Config::collect_budget`]), or consume a large
+//! one piece by piece through a [`BodySink`]. Then [`start`] the server on a listener with a [`Config`].
 //! The layer knows nothing of the application: its refusals are worded by
 //! [`Handler::refused`], its access-log records go to [`Handler::log`].
 //!
