@@ -51,6 +51,8 @@
 //!   send timeout without progress. A streamed body whose producer has nothing parks the
 //!   connection watching only for the peer leaving; the producer's next bytes wake it. A fast
 //!   transfer yields its worker every few MiB so others get a turn.
+//! - **Waiting** (before Send): the handler's answer is [`deferred`]: parked holding no worker,
+//!   only the peer leaving watched, until the answer arrives and is sent as any other.
 //! - After the answer: the next request (already buffered ones first: pipelining, answered
 //!   in order; nothing more is read while an answer cannot be written), or **Discard** of a body
 //!   nobody read (within a cap, like Body but thrown away), or **Linger**: the write side shut,
