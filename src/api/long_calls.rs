@@ -20,6 +20,9 @@ use crate::http::Response;
 pub const THREADS: usize = 2;
 /// Long calls waiting for a thread, past which a call is refused.
 pub const QUEUE: usize = 64;
+/// The threads' nice value: below the workers, so a worker woken for `/health` preempts a long
+/// call at once, but not so low that a busy sandbox starves the calls.
+pub const NICE: i32 = 5;
 
 type Work = Box<dyn FnOnce() -> Response + Send>;
 
@@ -65,6 +68,9 @@ pub fn run(work: impl FnOnce() -> Response + Send + 'static) -> Result<Response,
 }
 
 fn serve() {
+    if let Err(e) = crate::sys::priority::set_thread_nice(NICE) {
+        crate::log::line(format_args!("long calls run at the workers' priority: {e}"));
+    }
     let executor = EXECUTOR.wait();
     loop {
         let (work, answer) = {
