@@ -1316,6 +1316,20 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_answer_is_written_in_its_turn() {
+        let (out, _) = run(
+            "GET /deferred?x HTTP/1.1\r\nHost: h\r\n\r\nGET /after HTTP/1.1\r\nHost: h\r\n\r\n",
+        );
+        assert_eq!(
+            answers(&out),
+            vec![
+                (201, "later /deferred?x".into()),
+                (200, "GET /after".into())
+            ]
+        );
+    }
+
+    #[test]
     fn continue_is_sent_only_when_the_body_is_wanted() {
         let (out, _) = run(
             "POST /collect HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok",
