@@ -7,7 +7,7 @@
 //! returns; the connection waits in the event loop holding nothing, and the answer wakes it.
 //! [`THREADS`] threads run the work, at most [`QUEUE`] more calls wait for one; a call past
 //! that is answered `resource_exhausted` at once (SPEC §9b). Work whose client left before it
-//! began is dropped unrun.
+//! began is dropped unrun, and holds no place in a full queue.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
@@ -56,6 +56,10 @@ pub fn run(work: impl FnOnce() -> Response + Send + 'static) -> Result<Response,
     {
         let mut queue = lock(&executor.queue);
         if queue.len() >= QUEUE {
+            // Calls whose client left hold no place.
+            queue.retain(|(_, answer)| !answer.is_abandoned());
+        }
+        if queue.len() >= QUEUE {
             return Err(Error::new(
                 Code::ResourceExhausted,
                 format!("too many long calls under way: {QUEUE} wait already; try again later"),
@@ -93,4 +97,69 @@ fn serve() {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_full_queue_is_resource_exhausted_and_calls_whose_client_left_are_not_run() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        // Both threads busy until released.
+        let mut busy = Vec::new();
+        for _ in 0..THREADS {
+            let (ran, released) = (Arc::clone(&ran), Arc::clone(&released));
+            busy.push(
+                run(move || {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    let _ = lock(&released).recv();
+                    Response::empty(204)
+                })
+                .unwrap(),
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ran.load(Ordering::SeqCst) < THREADS {
+            assert!(Instant::now() < deadline, "the threads never took the work");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waiting: Vec<Response> = (0..QUEUE)
+            .map(|_| {
+                let ran = Arc::clone(&ran);
+                run(move || {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Response::empty(204)
+                })
+                .unwrap()
+            })
+            .collect();
+        let Err(refused) = run(|| Response::empty(204)) else {
+            panic!("a call past the queue was taken");
+        };
+        assert_eq!(refused.code, Code::ResourceExhausted);
+        assert!(refused.message.contains("64 wait"), "{}", refused.message);
+        // Their clients leave: the queued calls are dropped unrun.
+        drop(waiting);
+        let (done, finished) = mpsc::channel();
+        let last = run(move || {
+            let _ = done.send(());
+            Response::empty(204)
+        })
+        .unwrap();
+        for _ in 0..THREADS {
+            release.send(()).unwrap();
+        }
+        finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the last call runs");
+        assert_eq!(ran.load(Ordering::SeqCst), THREADS, "no abandoned call ran");
+        drop((busy, last));
+    }
 }
