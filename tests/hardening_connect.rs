@@ -374,6 +374,19 @@ fn health_is_answered_while_long_calls_run() {
     for _ in 0..3 {
         common::assert_health_within(&daemon, Duration::from_secs(2));
     }
+    // CORS headers set when the call began reach the deferred answer.
+    let reply = unary(
+        &daemon,
+        "filesystem.Filesystem/ListDir",
+        &[
+            ("Origin", "https://e2b.dev"),
+            ("Authorization", "Basic cm9vdDo="),
+        ],
+        &json!({"path": root.clone() + "/d0000"}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("access-control-allow-origin"), Some("*"));
+    assert_eq!(reply.json()["entries"].as_array().unwrap().len(), 1000);
     for caller in callers {
         let reply = caller.join().unwrap();
         assert_eq!(reply.status, 200, "{}", reply.text());

@@ -166,6 +166,9 @@ struct Waiting {
     exchange: Exchange,
     after: After,
     deferred: Deferred,
+    /// Headers set on the response that carried the deferred answer (CORS, say): added to it.
+    headers: Vec<(&'static str, std::borrow::Cow<'static, str>)>,
+    close: bool,
 }
 
 enum Consumer {
@@ -687,6 +690,8 @@ impl Conn {
                 exchange,
                 after,
                 deferred,
+                headers: response.headers,
+                close: response.close,
             }));
             return Step::Continue;
         }
@@ -786,14 +791,20 @@ impl Conn {
             return Step::Close;
         };
         match waiting.deferred.poll(cx.waker) {
-            Ready::Answer(response) => {
+            Ready::Answer(mut response) => {
                 let Phase::Waiting(waiting) = std::mem::replace(&mut self.phase, Phase::Closed)
                 else {
                     return Step::Close;
                 };
                 let Waiting {
-                    exchange, after, ..
+                    exchange,
+                    after,
+                    headers,
+                    close,
+                    ..
                 } = *waiting;
+                response.headers.extend(headers);
+                response.close |= close;
                 self.respond(exchange, response, after, cx)
             }
             Ready::Pending if io.hung_up() => {
@@ -1326,6 +1337,10 @@ mod tests {
                 (201, "later /deferred?x".into()),
                 (200, "GET /after".into())
             ]
+        );
+        assert!(
+            out.starts_with("HTTP/1.1 201 ") && out.contains("\r\nX-Added: early\r\n"),
+            "headers set on the deferred response are the answer's: {out}"
         );
     }
 

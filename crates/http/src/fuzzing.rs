@@ -93,7 +93,7 @@ impl Handler for TestHandler {
                 })
                 .join()
                 .ok();
-                Action::Respond(Response::deferred(deferred))
+                Action::Respond(Response::deferred(deferred).with_header("X-Added", "early"))
             }
             "/file" => match self.file.as_ref().and_then(|f| f.try_clone().ok()) {
                 Some(file) => {

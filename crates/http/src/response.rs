@@ -29,8 +29,9 @@ pub enum ResponseBody {
     },
     /// Bytes pushed by a producer until it finishes; length unknown in advance.
     Stream(StreamSource),
-    /// The whole response comes later through the [`crate::deferred`] channel; the status and
-    /// headers of the response carrying this are not used.
+    /// The whole response comes later through the [`crate::deferred`] channel. The status of
+    /// the response carrying this is not used; headers added to it (and `close`) are added to
+    /// the answer when it comes, so a layer that decorates responses needs not know.
     Deferred(Deferred),
 }
 
