@@ -73,6 +73,7 @@ pub fn run(config: Config) -> ExitCode {
         body_timeout: config.body_timeout,
         discard_cap: DISCARD_CAP,
         partial_head_budget: PARTIAL_HEAD_BUDGET,
+        collect_budget: crate::connect::COLLECT_BUDGET,
         server_header: SERVER.to_string(),
     };
     let drain_timeout = config.drain_timeout;

@@ -174,3 +174,95 @@ fn inflate(body: &[u8], piece: usize, out_len: usize) -> Result<Vec<u8>, String>
     decoder.finish().map_err(|e| e.to_string())?;
     Ok(decoded)
 }
+
+/// Connect envelopes, and a large message read as it arrives: a request body that is one
+/// message re-encodes to itself; a prefix that is accepted is within the limits; the streamed
+/// reader gives the same verdict and bytes whether fed whole or in pieces (the first byte picks
+/// their size), and the bytes a JSON parser reads from the same message.
+pub fn connect_envelope(data: &[u8]) {
+    use crate::connect::{envelope, streamed::StreamedBytes, MAX_REQUEST_BYTES};
+    if let Ok(message) = envelope::single_message(data) {
+        assert_eq!(envelope::encode(0, message), data);
+    }
+    if let Ok(Some((flags, len))) = envelope::prefix(data) {
+        assert!(len <= MAX_REQUEST_BYTES && flags & !envelope::END_STREAM == 0);
+    }
+    const OPENINGS: &[&[u8]] = &[br#"{"a":{"b":""#, br#"{"c":""#];
+    let Some((&step, body)) = data.split_first() else {
+        return;
+    };
+    let read = |piece: usize| {
+        let mut reader = StreamedBytes::new(OPENINGS);
+        let mut out = Vec::new();
+        for chunk in body.chunks(piece) {
+            out.extend(reader.push(chunk)?);
+        }
+        reader.finish()?;
+        Ok::<_, crate::connect::streamed::Refusal>((out, reader.opening()))
+    };
+    let whole = read(body.len().max(1));
+    let split = read(usize::from(step % 16) + 1);
+    assert_eq!(whole.is_ok(), split.is_ok(), "{whole:?} / {split:?}");
+    let (Ok(whole), Ok(split)) = (whole, split) else {
+        return;
+    };
+    assert_eq!(whole, split);
+    let value: serde_json::Value =
+        serde_json::from_slice(body).expect("a message the reader took is JSON");
+    let text = match whole.1 {
+        Some(0) => &value["a"]["b"],
+        _ => &value["c"],
+    };
+    let text = text.as_str().expect("the field is a string");
+    // Mixed alphabets are read here but not by the whole-message reader.
+    if let Some(bytes) = crate::connect::json::bytes::decode(text) {
+        assert_eq!(bytes, whole.0);
+    }
+}
+
+/// proto3 JSON readers: integers in any form, enum values, base64 bytes, timestamps. An
+/// integer read is read the same from its decimal string and its number; decoded bytes decode
+/// the same once re-encoded; a timestamp is always RFC 3339 in UTC.
+pub fn connect_json(data: &[u8]) {
+    use crate::connect::json::{self, EnumValue};
+    #[derive(serde::Deserialize)]
+    struct Sample {
+        #[serde(default, deserialize_with = "json::integer::deserialize")]
+        a: i64,
+        #[serde(default, deserialize_with = "json::integer::deserialize")]
+        b: u32,
+        #[serde(default)]
+        e: Option<EnumValue>,
+    }
+    if let Ok(sample) = serde_json::from_slice::<Sample>(data) {
+        for again in [
+            format!(r#"{{"a":{},"b":{}}}"#, sample.a, sample.b),
+            format!(r#"{{"a":"{}","b":"{}"}}"#, sample.a, sample.b),
+        ] {
+            let read: Sample = serde_json::from_str(&again).expect("an integer read back");
+            assert_eq!((read.a, read.b), (sample.a, sample.b));
+        }
+        let _ = sample.e.map(|e| e.to_string());
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Some(bytes) = json::bytes::decode(text) {
+            let again = base64_simd::STANDARD.encode_to_string(&bytes);
+            assert_eq!(json::bytes::decode(&again), Some(bytes));
+        }
+    }
+    if let Some((seconds, rest)) = data.split_first_chunk::<8>() {
+        let nanos = rest
+            .first_chunk::<4>()
+            .map_or(0, |n| u32::from_le_bytes(*n));
+        let stamp = json::timestamp(i64::from_le_bytes(*seconds), nanos);
+        let shape = stamp.len() >= 20
+            && stamp.ends_with('Z')
+            && stamp.bytes().take(19).enumerate().all(|(i, b)| match i {
+                4 | 7 => b == b'-',
+                10 => b == b'T',
+                13 | 16 => b == b':',
+                _ => b.is_ascii_digit(),
+            });
+        assert!(shape && &stamp[..4] != "0000", "{stamp}");
+    }
+}

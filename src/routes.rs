@@ -40,7 +40,12 @@ impl Handler for Router {
     }
 
     fn refused(&self, head: Option<&Head>, error: &Error) -> Response {
-        let mut response: Response = ApiError::new(error.status(), error.to_string()).into();
+        let mut response: Response = match head {
+            Some(head) if api::connect_stub::procedure(head.path()).is_some() => {
+                api::rpc::refused(head, error)
+            }
+            _ => ApiError::new(error.status(), error.to_string()).into(),
+        };
         if let Some(head) = head {
             if head.path() == "/init" {
                 response = api::init::with_envd_headers(Ok(response));

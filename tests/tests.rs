@@ -25,6 +25,8 @@ mod faults;
 mod filesystem;
 // Directory watches: the WatchDir stream and the polled watchers, inotify underneath.
 mod filesystem_watch;
+// Issue 21, Connect/HTTP: Connect-form refusals, the bodies' budget, long calls, StreamInput.
+mod hardening_connect;
 // Process-service hardening (issue 21): clean children, process identity, exhausted descriptors.
 mod hardening_process;
 // Issue 21's watch hardening: byte budgets, one queue per watch, setups off the workers.

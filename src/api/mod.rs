@@ -9,6 +9,7 @@ pub mod envs;
 pub mod filesystem;
 pub mod health;
 pub mod init;
+pub mod long_calls;
 pub mod metrics;
 pub mod process;
 pub mod rpc;

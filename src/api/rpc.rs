@@ -1,6 +1,8 @@
 //! What envd's two Connect services (`filesystem.Filesystem`, `process.Process`, SPEC §9b)
 //! share above the protocol: how a call starts ([`begin`]: the token, the method, its framing,
-//! the caller's user from `Authorization: Basic`, the collected request), the life of their
+//! the caller's user from `Authorization: Basic`, the collected request; a streaming call's
+//! errors from there on as its end-of-stream message), the HTTP layer's refusals of a call in
+//! Connect's form ([`refused`]), the life of their
 //! streams ([`LiveStream`]: a full queue, the client's leaving, the deadline, keep-alives at
 //! the interval the client asked for), the answer of a stream that failed before it began, and
 //! how the shared file layer's errors become Connect codes.
@@ -16,7 +18,7 @@ use crate::app::App;
 use crate::connect::{self, Call, Code, Error, Shape, Stream};
 use crate::fs::FsError;
 use crate::http::stream::SendError;
-use crate::http::{Action, BodySink, Head, Response};
+use crate::http::{self, Action, BodySink, Head, Response};
 
 /// Runs a method once its request body is collected: the app, the call, its head, the method,
 /// the caller's user name (`None`: the default user) and the body.
@@ -75,9 +77,20 @@ pub fn begin(
             format!("{service}/{method} is {what} method: send {send}"),
         ));
     }
+    // From here the call's framing is known: a streaming call's errors are its stream's
+    // end-of-stream message (connect-go answers so), which a Connect client reads with its code;
+    // an HTTP status alone would reach it as a code of the status's choosing.
+    let streaming = !matches!(kind, Kind::Unary);
+    let answer_error = move |error: Error| {
+        if streaming {
+            failed(error)
+        } else {
+            error.into_response()
+        }
+    };
     let username = match basic_user(head) {
         Ok(username) => username,
-        Err(error) => return refuse(error),
+        Err(error) => return Action::Respond(answer_error(error)),
     };
     if let Kind::ClientStream(sink) = kind {
         return Action::Consume(sink());
@@ -87,8 +100,7 @@ pub fn begin(
     Action::Collect {
         limit: connect::MAX_REQUEST_BYTES,
         then: Box::new(move |head, body| {
-            run(&app, &call, head, &method, username.as_deref(), &body)
-                .unwrap_or_else(Error::into_response)
+            run(&app, &call, head, &method, username.as_deref(), &body).unwrap_or_else(answer_error)
         }),
     }
 }
@@ -273,6 +285,26 @@ pub fn failed(error: Error) -> Response {
     let (stream, response) = Stream::open(0);
     stream.finish(Err(error));
     response
+}
+
+/// The HTTP layer's own refusal of a Connect call (a body too large, too slow, badly framed;
+/// the bodies' budget full) in Connect's error form, so a client reads its code rather than
+/// `unknown`: an error answer for a unary call, an end-of-stream message for a streaming one.
+pub fn refused(head: &Head, error: &http::Error) -> Response {
+    use http::{BodyError, Error as Refusal};
+    let code = match error {
+        Refusal::BodyTooLarge { .. } | Refusal::BodyBudget { .. } => Code::ResourceExhausted,
+        Refusal::Body(BodyError::Stalled(_) | BodyError::TooSlow) => Code::DeadlineExceeded,
+        Refusal::Framing(http::FramingError::UnsupportedTransferEncoding) => Code::Unimplemented,
+        Refusal::Head(_) | Refusal::Host(_) | Refusal::Framing(_) | Refusal::Body(_) => {
+            Code::InvalidArgument
+        }
+    };
+    let error = Error::new(code, error.to_string());
+    match Call::from_head(head) {
+        Ok(call) if call.shape == Shape::ServerStream => failed(error),
+        _ => error.into_response(),
+    }
 }
 
 /// An error of the shared file layer, with its Connect code (`api::status` decides both).

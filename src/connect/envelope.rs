@@ -8,7 +8,8 @@ use super::{Code, Error, MAX_REQUEST_BYTES};
 pub const COMPRESSED: u8 = 0x01;
 /// The end-of-stream message: `{}` or `{"error":{...}}`, and optional `metadata`.
 pub const END_STREAM: u8 = 0x02;
-const PREFIX: usize = 5;
+/// The bytes before an envelope's message: flags and length.
+pub const PREFIX: usize = 5;
 
 /// One envelope around `message`.
 pub fn encode(flags: u8, message: &[u8]) -> Vec<u8> {
@@ -31,48 +32,9 @@ pub fn encode_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>
     out[1..PREFIX].copy_from_slice(&len.to_be_bytes());
 }
 
-/// A received envelope.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Envelope {
-    pub flags: u8,
-    pub message: Vec<u8>,
-}
-
-/// Splits a byte stream into envelopes, whatever the pieces it arrives in.
-#[derive(Debug, Default)]
-pub struct Decoder {
-    buffer: Vec<u8>,
-}
-
-impl Decoder {
-    /// Takes in `bytes`; returns the envelopes they complete, in order.
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Envelope>, Error> {
-        self.buffer.extend_from_slice(bytes);
-        let mut envelopes = Vec::new();
-        let mut start = 0;
-        while let Some((flags, len)) = prefix(&self.buffer[start..])? {
-            let end = start + PREFIX + len;
-            if self.buffer.len() < end {
-                break;
-            }
-            envelopes.push(Envelope {
-                flags,
-                message: self.buffer[start + PREFIX..end].to_vec(),
-            });
-            start = end;
-        }
-        self.buffer.drain(..start);
-        Ok(envelopes)
-    }
-
-    /// True when no partial envelope is held.
-    pub fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
-    }
-}
-
-/// The flags and length of the envelope at the start of `bytes`, once its prefix is complete.
-fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
+/// The flags and length of the envelope at the start of `bytes`, once its prefix is complete:
+/// unknown flags, compression and a length over [`MAX_REQUEST_BYTES`] are errors.
+pub fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
     let Some(head) = bytes.get(..PREFIX) else {
         return Ok(None);
     };
@@ -118,40 +80,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn envelopes_decode_the_same_however_the_bytes_are_split() {
-        let mut stream = encode(0, br#"{"a":1}"#);
-        stream.extend(encode(0, b""));
-        stream.extend(encode(END_STREAM, b"{}"));
-        let expected = vec![
-            Envelope {
-                flags: 0,
-                message: br#"{"a":1}"#.to_vec(),
-            },
-            Envelope {
-                flags: 0,
-                message: Vec::new(),
-            },
-            Envelope {
-                flags: END_STREAM,
-                message: b"{}".to_vec(),
-            },
-        ];
-        for step in 1..=stream.len() {
-            let mut decoder = Decoder::default();
-            let mut got = Vec::new();
-            for piece in stream.chunks(step) {
-                got.extend(decoder.push(piece).unwrap());
-            }
-            assert_eq!(got, expected, "split every {step} bytes");
-            assert!(decoder.is_empty());
-        }
-        // Split at every single position into two pieces.
-        for at in 0..=stream.len() {
-            let mut decoder = Decoder::default();
-            let mut got = decoder.push(&stream[..at]).unwrap();
-            got.extend(decoder.push(&stream[at..]).unwrap());
-            assert_eq!(got, expected, "split at {at}");
-        }
+    fn a_prefix_is_read_once_complete() {
+        assert_eq!(prefix(&[0, 0, 0]).unwrap(), None);
+        assert_eq!(prefix(&[2, 0, 0, 1, 0, b'x']).unwrap(), Some((2, 256)));
+        assert_eq!(
+            prefix(&[0x80, 0, 0, 0, 0]).unwrap_err().code,
+            Code::InvalidArgument
+        );
     }
 
     #[test]
@@ -164,11 +99,9 @@ mod tests {
 
     #[test]
     fn compressed_and_oversized_envelopes_are_refused() {
-        let error = Decoder::default().push(&[1, 0, 0, 0, 0]).unwrap_err();
+        let error = prefix(&[1, 0, 0, 0, 0]).unwrap_err();
         assert_eq!(error.code, Code::Unimplemented);
-        let error = Decoder::default()
-            .push(&[0, 0xff, 0xff, 0xff, 0xff])
-            .unwrap_err();
+        let error = prefix(&[0, 0xff, 0xff, 0xff, 0xff]).unwrap_err();
         assert_eq!(error.code, Code::ResourceExhausted);
     }
 

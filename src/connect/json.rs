@@ -174,8 +174,20 @@ pub mod bytes {
 }
 
 /// `google.protobuf.Timestamp` as proto3 JSON writes it: RFC 3339 in UTC with `Z`, and 0, 3, 6
-/// or 9 fractional digits (as few as the value needs).
+/// or 9 fractional digits (as few as the value needs). A time outside the type's range (years 1
+/// to 9999; a file's mtime can be anything) is written as the nearest end of it: a reader
+/// would refuse a year of five digits or a sign, and with it the whole answer.
 pub fn timestamp(seconds: i64, nanos: u32) -> String {
+    /// 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z.
+    const FIRST: i64 = -62_135_596_800;
+    const LAST: i64 = 253_402_300_799;
+    let (seconds, nanos) = if seconds < FIRST {
+        (FIRST, 0)
+    } else if seconds > LAST {
+        (LAST, 999_999_999)
+    } else {
+        (seconds, nanos)
+    };
     let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
     let time = seconds.rem_euclid(86_400);
     let mut text = format!(
@@ -293,5 +305,15 @@ mod tests {
             "2023-11-14T22:13:20.000000001Z"
         );
         assert_eq!(timestamp(-1, 0), "1969-12-31T23:59:59Z");
+        // Found by the connect_json fuzz target: outside years 1 to 9999, the nearest end.
+        assert_eq!(
+            timestamp(-957_813_436_539, 5),
+            "0001-01-01T00:00:00Z",
+            "was -28381-03-26T19:44:21..."
+        );
+        assert_eq!(timestamp(i64::MIN, 0), "0001-01-01T00:00:00Z");
+        assert_eq!(timestamp(-62_135_596_800, 0), "0001-01-01T00:00:00Z");
+        assert_eq!(timestamp(253_402_300_799, 0), "9999-12-31T23:59:59Z");
+        assert_eq!(timestamp(i64::MAX, 0), "9999-12-31T23:59:59.999999999Z");
     }
 }

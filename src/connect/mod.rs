@@ -18,13 +18,15 @@
 //! - `Connect-Timeout-Ms` (at most 10 digits, as the protocol says) bounds a call; the services
 //!   read it through [`Call::timeout`].
 //! - A streaming call's answer is 200 with the error in its end-of-stream message, as the protocol
-//!   requires, once the call is accepted; a call refused from its head (bad media type, bad
-//!   headers, bad request message) is answered as a unary error would be, which every Connect
+//!   requires, once its framing is known (as connect-go answers); a call refused before that
+//!   (bad media type, bad headers) is answered as a unary error would be, which every Connect
 //!   client reads as the call's error.
+//! - A message with one large `bytes` field can be read as it arrives ([`streamed`]).
 
 pub mod envelope;
 pub mod json;
 mod stream;
+pub mod streamed;
 
 use std::fmt;
 use std::time::Duration;
@@ -39,6 +41,12 @@ pub use stream::Stream;
 /// The most bytes of one request message (envd's clients send paths and small settings; a
 /// process's stdin chunk is the largest).
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+/// The most bytes of request bodies collected whole (every unary and server-streaming call's
+/// request, and the small JSON bodies of the HTTP routes) held by all connections together
+/// (SPEC §9b): sixteen bodies at [`MAX_REQUEST_BYTES`]. Past it a call is refused with
+/// `resource_exhausted` until bodies are handed over or given up.
+pub const COLLECT_BUDGET: usize = 64 << 20;
 
 /// Connect's error codes (<https://connectrpc.com/docs/protocol#error-codes>).
 // The protocol's whole table, with its statuses; the services send only some of the codes.

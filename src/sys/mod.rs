@@ -11,6 +11,7 @@ pub mod env;
 pub mod file;
 pub mod inotify;
 pub mod poll;
+pub mod priority;
 pub mod process;
 pub mod pty;
 pub mod spawn;

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::budget::{Budget, Reservation};
+use crate::deferred::{Deferred, Ready};
 use crate::error::{BodyError, Error, MIN_BODY_RATE};
 use crate::framing::{Framing, Piece};
 use crate::handler::{Action, BodySink, Collected, Handler, Record};
@@ -79,6 +81,8 @@ pub(crate) struct Limits {
     pub body_timeout: Duration,
     /// Most bytes of an unneeded request body read and discarded to keep the connection.
     pub discard_cap: u64,
+    /// Bytes of collected bodies held by all connections together.
+    pub collect_budget: Arc<Budget>,
 }
 
 /// What a `run` needs besides the connection: set up by the worker for each call.
@@ -124,6 +128,8 @@ enum Phase {
     },
     /// Reading the request body.
     Body(Box<Reading>),
+    /// Waiting for a deferred answer, holding no worker.
+    Waiting(Box<Waiting>),
     /// Writing the answer.
     Send(Box<Sending>),
     /// Answered and closing: discard what the peer still sends, for a while.
@@ -155,11 +161,26 @@ struct Reading {
     progress: Progress,
 }
 
+/// A deferred answer awaited: see [`crate::deferred`].
+struct Waiting {
+    exchange: Exchange,
+    after: After,
+    deferred: Deferred,
+    /// Headers set on the response that carried the deferred answer (CORS, say): added to it.
+    headers: Vec<(&'static str, std::borrow::Cow<'static, str>)>,
+    close: bool,
+}
+
 enum Consumer {
     Collect {
         limit: usize,
         bytes: Vec<u8>,
         then: Collected,
+        /// The body's share of the collect budget: its whole length when known, else what
+        /// arrived.
+        reserved: Reservation,
+        /// The `Content-Length` (reserved up front).
+        known: Option<usize>,
     },
     Sink(Box<dyn BodySink>),
     /// After the answer: throw the body away, at most `left` more bytes.
@@ -270,6 +291,7 @@ impl Conn {
             let step = match &mut self.phase {
                 Phase::Idle { .. } | Phase::Head { .. } => self.read_head(io, cx),
                 Phase::Body(_) => self.read_body(io, cx),
+                Phase::Waiting(_) => self.wait_answer(io, cx),
                 Phase::Send(_) => self.send(io, cx),
                 Phase::Linger { .. } => self.linger(io, cx),
                 Phase::Closed => Step::Close,
@@ -464,11 +486,25 @@ impl Conn {
                 let response = cx.handler.refused(exchange.head.as_ref(), &error);
                 return self.respond(exchange, response, After::Linger, cx);
             }
-            Action::Collect { limit, then } => Consumer::Collect {
-                limit,
-                bytes: Vec::new(),
-                then,
-            },
+            Action::Collect { limit, then } => {
+                let mut reserved = cx.limits.collect_budget.reservation();
+                let known = framing
+                    .remaining()
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+                if !reserved.grow(known.unwrap_or(0)) {
+                    let budget = cx.limits.collect_budget.limit();
+                    let error = Error::BodyBudget { budget };
+                    let response = cx.handler.refused(exchange.head.as_ref(), &error);
+                    return self.respond(exchange, response, After::Linger, cx);
+                }
+                Consumer::Collect {
+                    limit,
+                    bytes: Vec::new(),
+                    then,
+                    reserved,
+                    known,
+                }
+            }
             Action::Consume(sink) => Consumer::Sink(sink),
         };
         self.phase = Phase::Body(Box::new(Reading {
@@ -578,10 +614,19 @@ impl Conn {
             exchange, consumer, ..
         } = *reading;
         let response = match consumer {
-            Consumer::Collect { bytes, then, .. } => match &exchange.head {
-                Some(head) => then(head, bytes),
-                None => return Step::Close,
-            },
+            Consumer::Collect {
+                bytes,
+                then,
+                reserved,
+                ..
+            } => {
+                // Handed over: the application's now, bounded by its workers.
+                drop(reserved);
+                match &exchange.head {
+                    Some(head) => then(head, bytes),
+                    None => return Step::Close,
+                }
+            }
             Consumer::Sink(sink) => sink.end(),
             Consumer::Discard { .. } => {
                 drop(exchange);
@@ -621,6 +666,11 @@ impl Conn {
                     .refused(exchange.head.as_ref(), &Error::BodyTooLarge { limit }),
                 After::Linger,
             ),
+            Outcome::OverBudget(budget) => (
+                cx.handler
+                    .refused(exchange.head.as_ref(), &Error::BodyBudget { budget }),
+                After::Linger,
+            ),
         };
         self.respond(exchange, response, after, cx)
     }
@@ -635,6 +685,16 @@ impl Conn {
         after: After,
         cx: &mut Context<'_, H>,
     ) -> Step {
+        if let ResponseBody::Deferred(deferred) = response.body {
+            self.phase = Phase::Waiting(Box::new(Waiting {
+                exchange,
+                after,
+                deferred,
+                headers: response.headers,
+                close: response.close,
+            }));
+            return Step::Continue;
+        }
         let keep_alive = exchange.keep_alive && !response.close && !cx.stopping;
         let after = match after {
             After::KeepAlive if !keep_alive => After::Close,
@@ -722,6 +782,41 @@ impl Conn {
             after,
         }));
         Step::Continue
+    }
+
+    /// A deferred answer: written once it came; meanwhile parked, only the peer leaving
+    /// watched (then closed: dropping the [`Deferred`] tells the work its client is gone).
+    fn wait_answer<H: Handler>(&mut self, io: &mut impl Io, cx: &mut Context<'_, H>) -> Step {
+        let Phase::Waiting(waiting) = &mut self.phase else {
+            return Step::Close;
+        };
+        match waiting.deferred.poll(cx.waker) {
+            Ready::Answer(mut response) => {
+                let Phase::Waiting(waiting) = std::mem::replace(&mut self.phase, Phase::Closed)
+                else {
+                    return Step::Close;
+                };
+                let Waiting {
+                    exchange,
+                    after,
+                    headers,
+                    close,
+                    ..
+                } = *waiting;
+                response.headers.extend(headers);
+                response.close |= close;
+                self.respond(exchange, response, after, cx)
+            }
+            Ready::Pending if io.hung_up() => {
+                log(cx, &waiting.exchange, 499, 0);
+                Step::Close
+            }
+            Ready::Pending => Step::Wait(Wait::Producer, None),
+            Ready::Abandoned => {
+                log(cx, &waiting.exchange, 500, 0);
+                Step::Close
+            }
+        }
     }
 
     fn send<H: Handler>(&mut self, io: &mut impl Io, cx: &mut Context<'_, H>) -> Step {
@@ -974,6 +1069,8 @@ enum Outcome {
     Answer(Response),
     Failed(BodyError),
     TooLarge(usize),
+    /// The collect budget (its size) is full.
+    OverBudget(usize),
 }
 
 impl Reading {
@@ -1004,10 +1101,25 @@ impl Reading {
     fn consume(&mut self, bytes: &[u8]) -> Result<(), Outcome> {
         match &mut self.consumer {
             Consumer::Collect {
-                limit, bytes: all, ..
+                limit,
+                bytes: all,
+                reserved,
+                known,
+                ..
             } => {
                 if all.len() + bytes.len() > *limit {
                     return Err(Outcome::TooLarge(*limit));
+                }
+                match *known {
+                    // Reserved up front: allocated once, exactly.
+                    Some(total) if all.capacity() == 0 => all.reserve_exact(total),
+                    Some(_) => {}
+                    None => {
+                        let more = (all.len() + bytes.len()).saturating_sub(reserved.bytes());
+                        if !reserved.grow(more) {
+                            return Err(Outcome::OverBudget(reserved.budget_limit()));
+                        }
+                    }
                 }
                 all.extend_from_slice(bytes);
                 Ok(())
@@ -1211,6 +1323,24 @@ mod tests {
                 400,
                 "error reading the request body: invalid chunk size".into()
             )]
+        );
+    }
+
+    #[test]
+    fn a_deferred_answer_is_written_in_its_turn() {
+        let (out, _) = run(
+            "GET /deferred?x HTTP/1.1\r\nHost: h\r\n\r\nGET /after HTTP/1.1\r\nHost: h\r\n\r\n",
+        );
+        assert_eq!(
+            answers(&out),
+            vec![
+                (201, "later /deferred?x".into()),
+                (200, "GET /after".into())
+            ]
+        );
+        assert!(
+            out.starts_with("HTTP/1.1 201 ") && out.contains("\r\nX-Added: early\r\n"),
+            "headers set on the deferred response are the answer's: {out}"
         );
     }
 

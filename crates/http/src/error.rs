@@ -30,6 +30,11 @@ pub enum Error {
         /// The handler's limit in bytes.
         limit: usize,
     },
+    /// Collecting the body would take the server's bodies past their shared byte budget.
+    BodyBudget {
+        /// The budget in bytes.
+        budget: usize,
+    },
 }
 
 /// Why reading a body failed.
@@ -52,6 +57,7 @@ impl Error {
             Error::Head(HeadError::TooLarge) => 431,
             Error::Framing(FramingError::UnsupportedTransferEncoding) => 501,
             Error::BodyTooLarge { .. } => 413,
+            Error::BodyBudget { .. } => 503,
             _ => 400,
         }
     }
@@ -73,6 +79,11 @@ impl fmt::Display for Error {
             Error::BodyTooLarge { limit } => {
                 write!(f, "request body too large: at most {limit} bytes")
             }
+            Error::BodyBudget { budget } => write!(
+                f,
+                "too many request bodies held at once (at most {} MiB in all): try again later",
+                budget >> 20
+            ),
         }
     }
 }
@@ -134,6 +145,11 @@ mod tests {
                 Error::BodyTooLarge { limit: 1000 },
                 413,
                 "request body too large: at most 1000 bytes",
+            ),
+            (
+                Error::BodyBudget { budget: 64 << 20 },
+                503,
+                "too many request bodies held at once (at most 64 MiB in all): try again later",
             ),
         ];
         for (error, status, message) in cases {

@@ -68,7 +68,8 @@ impl Io for MemoryIo {
 
 /// A small application: `/collect` collects up to 64 bytes and echoes them, `/sink` consumes
 /// a body and answers its length (refusing the byte `!`), `/file` answers a file's bytes,
-/// anything else answers its method and target.
+/// `/deferred` answers 201 through a deferred answer, anything else answers its method and
+/// target.
 pub(crate) struct TestHandler {
     pub(crate) file: Option<Arc<File>>,
 }
@@ -83,6 +84,17 @@ impl Handler for TestHandler {
                 }),
             },
             "/sink" => Action::Consume(Box::new(CountingSink(0))),
+            "/deferred" => {
+                // Answered by another thread before the connection looks.
+                let (answer, deferred) = crate::deferred::channel();
+                let text = format!("later {}", head.target());
+                std::thread::spawn(move || {
+                    answer.send(Response::new(201, ResponseBody::Bytes(text.into_bytes())));
+                })
+                .join()
+                .ok();
+                Action::Respond(Response::deferred(deferred).with_header("X-Added", "early"))
+            }
             "/file" => match self.file.as_ref().and_then(|f| f.try_clone().ok()) {
                 Some(file) => {
                     let len = file.metadata().map_or(0, |m| m.len());
@@ -141,6 +153,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
         send_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(10),
         discard_cap: 1024,
+        collect_budget: crate::budget::Budget::new(1 << 20),
     };
     let now = Instant::now();
     let in_flight = Arc::new(AtomicUsize::new(0));

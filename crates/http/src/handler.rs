@@ -19,8 +19,10 @@ pub trait Handler: Send + Sync + 'static {
     fn begin(&self, head: &Head) -> Action;
 
     /// The answer to a request the layer itself refuses (a malformed head, bad framing, a body
-    /// too slow or too large). The status is `error.status()`; the body is the application's,
-    /// and so are headers it adds for the request, whose head is given when it was parsed.
+    /// too slow or too large, the bodies' budget full). `error.status()` is the layer's status
+    /// for it; the answer, its status included, is the application's (a protocol on some paths
+    /// may have its own mapping), and so are headers it adds for the request, whose head is
+    /// given when it was parsed.
     fn refused(&self, head: Option<&Head>, error: &Error) -> Response;
 
     /// Called once per answered request, after its last byte was written or the attempt failed.
@@ -36,7 +38,8 @@ pub enum Action {
     Respond(Response),
     /// Read the whole body, at most `limit` bytes (more is answered with
     /// [`Error::BodyTooLarge`]), then answer with `then`. The connection waits for the body in
-    /// the event loop, not in a worker.
+    /// the event loop, not in a worker. All bodies being collected share the server's
+    /// `collect_budget`: one that would go past it is refused with [`Error::BodyBudget`].
     Collect {
         /// Most body bytes accepted.
         limit: usize,

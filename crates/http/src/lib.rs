@@ -14,9 +14,10 @@
 //! # Using it
 //!
 //! Implement [`Handler`]: [`Handler::begin`] sees each complete head and returns an
-//! [`Action`]: respond at once ([`Response`] with bytes, a file range or a
-//! [`stream`](stream::channel)), collect a small body, or consume a large one piece by piece
-//! through a [`BodySink`]. Then [`start`] the server on a listener with a [`Config`].
+//! [`Action`]: respond at once ([`Response`] with bytes, a file range, a
+//! [`stream`](stream::channel) or a [`deferred`] answer another thread sends later), collect a
+//! small body (all such bodies together within [`Config::collect_budget`]), or consume a large
+//! one piece by piece through a [`BodySink`]. Then [`start`] the server on a listener with a [`Config`].
 //! The layer knows nothing of the application: its refusals are worded by
 //! [`Handler::refused`], its access-log records go to [`Handler::log`].
 //!
@@ -50,6 +51,8 @@
 //!   send timeout without progress. A streamed body whose producer has nothing parks the
 //!   connection watching only for the peer leaving; the producer's next bytes wake it. A fast
 //!   transfer yields its worker every few MiB so others get a turn.
+//! - **Waiting** (before Send): the handler's answer is [`deferred`]: parked holding no worker,
+//!   only the peer leaving watched, until the answer arrives and is sent as any other.
 //! - After the answer: the next request (already buffered ones first: pipelining, answered
 //!   in order; nothing more is read while an answer cannot be written), or **Discard** of a body
 //!   nobody read (within a cap, like Body but thrown away), or **Linger**: the write side shut,
@@ -61,9 +64,11 @@
 //! complete request that waits for a worker never times out.
 #![deny(missing_docs)]
 
+mod budget;
 mod chunked;
 mod conn;
 pub mod date;
+pub mod deferred;
 mod error;
 mod framing;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::io::Write;
 
+use crate::deferred::Deferred;
 use crate::stream::StreamSource;
 
 /// What a response's body comes from.
@@ -28,6 +29,10 @@ pub enum ResponseBody {
     },
     /// Bytes pushed by a producer until it finishes; length unknown in advance.
     Stream(StreamSource),
+    /// The whole response comes later through the [`crate::deferred`] channel. The status of
+    /// the response carrying this is not used; headers added to it (and `close`) are added to
+    /// the answer when it comes, so a layer that decorates responses needs not know.
+    Deferred(Deferred),
 }
 
 impl ResponseBody {
@@ -37,7 +42,7 @@ impl ResponseBody {
             ResponseBody::Empty => Some(0),
             ResponseBody::Bytes(bytes) => Some(bytes.len() as u64),
             ResponseBody::File { len, .. } => Some(*len),
-            ResponseBody::Stream(_) => None,
+            ResponseBody::Stream(_) | ResponseBody::Deferred(_) => None,
         }
     }
 }
@@ -69,6 +74,11 @@ impl Response {
     /// A response without a body.
     pub fn empty(status: u16) -> Response {
         Response::new(status, ResponseBody::Empty)
+    }
+
+    /// A response that comes later: see [`crate::deferred`].
+    pub fn deferred(deferred: Deferred) -> Response {
+        Response::new(0, ResponseBody::Deferred(deferred))
     }
 
     /// A JSON body with `Content-Type: application/json`.

@@ -62,6 +62,9 @@ pub struct Config {
     pub discard_cap: u64,
     /// Most bytes held by all incomplete heads together; past it the oldest is closed.
     pub partial_head_budget: usize,
+    /// Most bytes held by all request bodies being collected ([`crate::Action::Collect`])
+    /// together; a body that would go past it is refused with [`crate::Error::BodyBudget`].
+    pub collect_budget: usize,
     /// The `Server` header of every answer.
     pub server_header: String,
 }
@@ -93,6 +96,7 @@ pub fn start<H: Handler>(
             send_timeout: config.send_timeout,
             body_timeout: config.body_timeout,
             discard_cap: config.discard_cap,
+            collect_budget: crate::budget::Budget::new(config.collect_budget),
         },
         epoll,
         listener: Mutex::new(Some(listener)),

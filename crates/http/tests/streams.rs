@@ -98,6 +98,7 @@ fn serve(workers: usize) -> (std::net::SocketAddr, mpsc::Receiver<SendError>) {
         body_timeout: Duration::from_secs(10),
         discard_cap: 1 << 20,
         partial_head_budget: 1 << 20,
+        collect_budget: 1 << 20,
         server_header: "test".into(),
     };
     let server = sandboxd_http::start(

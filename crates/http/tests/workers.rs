@@ -44,6 +44,7 @@ fn serve(workers: usize, waiting_workers: usize) -> SocketAddr {
         body_timeout: timeout,
         discard_cap: 1 << 20,
         partial_head_budget: 1 << 20,
+        collect_budget: 1 << 20,
         server_header: "test".into(),
     };
     let server = sandboxd_http::start(listener, config, Blocking).unwrap();

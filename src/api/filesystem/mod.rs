@@ -59,9 +59,13 @@ fn run(
             &caller,
             &call.request::<PathRequest>(body)?.path,
         )?),
+        // A walk of a big tree may take seconds: off the HTTP workers (SPEC §9b).
         "ListDir" => {
             let request: ListDirRequest = call.request(body)?;
-            connect::unary(&ops::list_dir(&caller, &request.path, request.depth)?)
+            super::long_calls::run(move || {
+                ops::list_dir(&caller, &request.path, request.depth)
+                    .map_or_else(Error::into_response, |answer| connect::unary(&answer))
+            })?
         }
         "MakeDir" => {
             let request: PathRequest = call.request(body)?;
