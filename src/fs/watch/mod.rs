@@ -236,6 +236,9 @@ impl Hub {
             };
         }
         lock(&self.shared.state).ready(id);
+        // A ready sink asks for ticks (keep-alives, deadlines, a gone client): the thread,
+        // woken above before it was ready, must compute its timeout again.
+        self.wake();
         Ok(id)
     }
 
