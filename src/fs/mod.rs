@@ -13,6 +13,7 @@
 //! which knows nothing of HTTP; `watch`, which only the Connect service uses, has its own
 //! `WatchError`, and `copy` and `temp` return `io::Error`s to the modules here that use them.
 
+pub mod as_user;
 pub mod atomic;
 pub mod compose;
 pub mod copy;

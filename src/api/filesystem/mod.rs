@@ -54,6 +54,16 @@ fn run(
     body: &[u8],
 ) -> Result<Response, Error> {
     let caller = Caller::new(app, username)?;
+    // Every method's filesystem calls are the user's with `--fs-as-user`, a watch's set-up
+    // included (`WatchDir` and `CreateWatcher` add its directories here, on this thread). The
+    // watcher thread lives as long as the process and inherits the credentials of the thread
+    // that starts it, so it is started, as the daemon, before the switch.
+    if app.config.fs_as_user && matches!(method, "WatchDir" | "CreateWatcher") {
+        watch::hub()?;
+    }
+    let _as_user = app
+        .as_user(&caller.user)
+        .map_err(|e| Error::new(Code::Internal, e.to_string()))?;
     Ok(match method {
         "Stat" => connect::unary(&ops::stat(
             &caller,

@@ -140,7 +140,7 @@ fn directory(caller: &Caller, request: &WatchRequest) -> Result<PathBuf, Error> 
 }
 
 /// The daemon's watcher; failing to start it is usually the user's inotify instance limit.
-fn hub() -> Result<Hub, Error> {
+pub(super) fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
         let code = match e.raw_os_error() {
             Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => Code::ResourceExhausted,

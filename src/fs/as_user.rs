@@ -1,0 +1,183 @@
+//! Acting as a user on the filesystem (`--fs-as-user`): the calling thread's fsuid, fsgid and
+//! supplementary groups become the user's while an [`AsUser`] guard lives, and the thread's own
+//! come back when it is dropped, whatever path the call took.
+//!
+//! This module owns the switch and its undoing; which calls run under it is the dispatch's
+//! (`api`). Only filesystem permission checks change: the thread keeps its uid 0 and every
+//! capability but the filesystem ones (`CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`, `CAP_FOWNER`,
+//! `CAP_CHOWN`, ...), which the kernel drops from a thread whose fsuid is not 0 and gives back
+//! when it is 0 again. The system calls are `sys::creds`' raw ones, which change the calling
+//! thread alone (a worker switching never affects another worker).
+
+use std::fmt;
+use std::io;
+use std::marker::PhantomData;
+use std::path::Path;
+
+use crate::fs::users::{self, User};
+use crate::log;
+use crate::sys::creds;
+
+/// Whom to act as: a user's ids and groups (the primary group first, then those of the group
+/// file that list the user, as a process started as the user gets them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// `user`'s identity, its groups from the group file beside `passwd_file`.
+    pub fn of(passwd_file: &Path, user: &User) -> Identity {
+        Identity {
+            name: user.name.clone(),
+            uid: user.uid,
+            gid: user.gid,
+            groups: users::groups(passwd_file, user),
+        }
+    }
+
+    /// Switches the calling thread to this identity until the guard is dropped. Each step is
+    /// checked; on an error, what was already switched is switched back before returning.
+    pub fn enter(&self) -> Result<AsUser, SwitchError> {
+        let fail = |error| SwitchError {
+            name: self.name.clone(),
+            error,
+        };
+        let saved = Saved {
+            uid: creds::fsuid(),
+            gid: creds::fsgid(),
+            groups: creds::groups().map_err(fail)?,
+        };
+        let mut guard = AsUser {
+            saved,
+            switched: false,
+            _thread: PhantomData,
+        };
+        creds::set_groups(&self.groups).map_err(fail)?;
+        guard.switched = true;
+        creds::set_fsgid(self.gid).map_err(fail)?;
+        creds::set_fsuid(self.uid).map_err(fail)?;
+        Ok(guard)
+    }
+}
+
+/// The thread's credentials before the switch.
+struct Saved {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+/// While it lives, the thread's filesystem calls are checked as the user's. Not `Send`: the
+/// credentials it restores are its thread's.
+pub struct AsUser {
+    saved: Saved,
+    switched: bool,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for AsUser {
+    /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid and the
+    /// groups. A thread left with a user's credentials would serve the next request with them,
+    /// so a failure here (which cannot happen to a thread whose uid is 0) aborts the daemon.
+    fn drop(&mut self) {
+        if !self.switched {
+            return;
+        }
+        let restored = creds::set_fsuid(self.saved.uid)
+            .and_then(|()| creds::set_fsgid(self.saved.gid))
+            .and_then(|()| creds::set_groups(&self.saved.groups));
+        if let Err(error) = restored {
+            log::line(format_args!(
+                "fatal: cannot restore the daemon's own filesystem credentials: {error}"
+            ));
+            std::process::abort();
+        }
+    }
+}
+
+/// The switch could not be made (the daemon lacks `CAP_SETUID`/`CAP_SETGID`: not root).
+#[derive(Debug)]
+pub struct SwitchError {
+    pub name: String,
+    pub error: io::Error,
+}
+
+impl fmt::Display for SwitchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot act as user '{}' on the filesystem (--fs-as-user needs the daemon to run \
+             as root): {}",
+            self.name, self.error
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity {
+            name: "user".into(),
+            uid: 4242,
+            gid: 4343,
+            groups: vec![4343, 50],
+        }
+    }
+
+    fn is_root() -> bool {
+        creds::fsuid() == 0
+    }
+
+    #[test]
+    fn groups_come_from_the_group_file_beside_passwd() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("group"), "dev:x:50:user\nx:x:60:other\n").unwrap();
+        let user = User {
+            name: "user".into(),
+            uid: 4242,
+            gid: 4343,
+            home: "/home/user".into(),
+        };
+        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+    }
+
+    /// As root: a file only root may read is refused inside the guard and readable after it.
+    #[test]
+    fn the_guard_switches_and_restores() {
+        if !is_root() {
+            assert!(
+                std::env::var_os("SANDBOXD_REQUIRE_ROOT_TESTS").is_none_or(|v| v != "1"),
+                "switching credentials needs root"
+            );
+            let error = identity().enter().err().expect("not root: refused");
+            assert!(error.to_string().contains("needs the daemon to run as root"));
+            assert_eq!(creds::fsuid(), creds::fsuid());
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"s").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let before = (creds::fsuid(), creds::fsgid(), creds::groups().unwrap());
+        {
+            let _guard = identity().enter().unwrap();
+            assert_eq!((creds::fsuid(), creds::fsgid()), (4242, 4343));
+            assert_eq!(creds::groups().unwrap(), vec![50, 4343], "kept sorted by the kernel");
+            let error = std::fs::read(&secret).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
+        }
+        assert_eq!(
+            (creds::fsuid(), creds::fsgid(), creds::groups().unwrap()),
+            before
+        );
+        assert_eq!(std::fs::read(&secret).unwrap(), b"s");
+    }
+}
