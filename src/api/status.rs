@@ -43,9 +43,7 @@ fn fs_status(err: &FsError) -> u16 {
         FsError::DiskFull => 507,
         // The kernel refused the caller (with `--fs-as-user`, the user; a read-only or
         // immutable file otherwise): a fact about the file, not a fault of the daemon.
-        FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            403
-        }
+        FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => 403,
         FsError::Io { .. } => 500,
     }
 }

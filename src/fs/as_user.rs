@@ -156,7 +156,9 @@ mod tests {
                 "switching credentials needs root"
             );
             let error = identity().enter().err().expect("not root: refused");
-            assert!(error.to_string().contains("needs the daemon to run as root"));
+            assert!(error
+                .to_string()
+                .contains("needs the daemon to run as root"));
             assert_eq!(creds::fsuid(), creds::fsuid());
             return;
         }
@@ -170,7 +172,11 @@ mod tests {
         {
             let _guard = identity().enter().unwrap();
             assert_eq!((creds::fsuid(), creds::fsgid()), (4242, 4343));
-            assert_eq!(creds::groups().unwrap(), vec![50, 4343], "kept sorted by the kernel");
+            assert_eq!(
+                creds::groups().unwrap(),
+                vec![50, 4343],
+                "kept sorted by the kernel"
+            );
             let error = std::fs::read(&secret).unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
         }

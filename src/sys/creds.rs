@@ -99,7 +99,11 @@ mod tests {
     fn reading_changes_nothing() {
         let (uid, gid) = (fsuid(), fsgid());
         assert_eq!((fsuid(), fsgid()), (uid, gid));
-        let fs_uid = status("Uid:").split_whitespace().nth(3).unwrap().to_string();
+        let fs_uid = status("Uid:")
+            .split_whitespace()
+            .nth(3)
+            .unwrap()
+            .to_string();
         assert_eq!(fs_uid, uid.to_string());
         assert!(groups().is_ok());
     }
