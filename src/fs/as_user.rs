@@ -12,7 +12,9 @@
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::fs::users::{self, User};
 use crate::log;
@@ -35,7 +37,7 @@ impl Identity {
             name: user.name.clone(),
             uid: user.uid,
             gid: user.gid,
-            groups: users::groups(passwd_file, user),
+            groups: groups_of(passwd_file, user),
         }
     }
 
@@ -46,28 +48,26 @@ impl Identity {
             name: self.name.clone(),
             error,
         };
-        let saved = Saved {
-            uid: creds::fsuid(),
-            gid: creds::fsgid(),
-            groups: creds::groups().map_err(fail)?,
-        };
+        let groups = creds::groups().map_err(fail)?;
+        creds::set_groups(&self.groups).map_err(fail)?;
         let mut guard = AsUser {
-            saved,
-            switched: false,
+            saved: Saved {
+                uid: None,
+                gid: None,
+                groups,
+            },
             _thread: PhantomData,
         };
-        creds::set_groups(&self.groups).map_err(fail)?;
-        guard.switched = true;
-        creds::set_fsgid(self.gid).map_err(fail)?;
-        creds::set_fsuid(self.uid).map_err(fail)?;
+        guard.saved.gid = Some(creds::set_fsgid(self.gid).map_err(fail)?);
+        guard.saved.uid = Some(creds::set_fsuid(self.uid).map_err(fail)?);
         Ok(guard)
     }
 }
 
-/// The thread's credentials before the switch.
+/// The thread's credentials before the switch; `None`: that one was not changed.
 struct Saved {
-    uid: u32,
-    gid: u32,
+    uid: Option<u32>,
+    gid: Option<u32>,
     groups: Vec<u32>,
 }
 
@@ -75,7 +75,6 @@ struct Saved {
 /// credentials it restores are its thread's.
 pub struct AsUser {
     saved: Saved,
-    switched: bool,
     _thread: PhantomData<*const ()>,
 }
 
@@ -84,12 +83,12 @@ impl Drop for AsUser {
     /// groups. A thread left with a user's credentials would serve the next request with them,
     /// so a failure here (which cannot happen to a thread whose uid is 0) aborts the daemon.
     fn drop(&mut self) {
-        if !self.switched {
-            return;
-        }
-        let restored = creds::set_fsuid(self.saved.uid)
-            .and_then(|()| creds::set_fsgid(self.saved.gid))
-            .and_then(|()| creds::set_groups(&self.saved.groups));
+        let saved = &self.saved;
+        let restored = saved
+            .uid
+            .map_or(Ok(0), creds::set_fsuid)
+            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid))
+            .and_then(|_| creds::set_groups(&saved.groups));
         if let Err(error) = restored {
             log::line(format_args!(
                 "fatal: cannot restore the daemon's own filesystem credentials: {error}"
@@ -97,6 +96,49 @@ impl Drop for AsUser {
             std::process::abort();
         }
     }
+}
+
+/// The groups of `user`: the primary gid, then the group file's groups listing the user. The
+/// file is parsed again only when its identity, size or modification time changed (a `stat`
+/// per call, as `Owners` does), so a user added to or removed from a group counts at once.
+fn groups_of(passwd_file: &Path, user: &User) -> Vec<u32> {
+    type Cached = (PathBuf, Option<Version>, Arc<str>);
+    static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
+    let group_file = passwd_file.with_file_name("group");
+    let Some(version) = version(&group_file) else {
+        return users::groups(passwd_file, user);
+    };
+    let text = {
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.as_ref() {
+            Some((path, seen, text)) if *path == group_file && *seen == Some(version) => {
+                Arc::clone(text)
+            }
+            _ => {
+                let Ok(bytes) = std::fs::read(&group_file) else {
+                    return users::groups(passwd_file, user);
+                };
+                let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
+                *cache = Some((group_file, Some(version), Arc::clone(&text)));
+                text
+            }
+        }
+    };
+    users::parse_groups(&text, user)
+}
+
+/// What identifies a version of a file without reading it: device, inode, size, mtime.
+type Version = (u64, u64, u64, i64, i64);
+
+fn version(path: &Path) -> Option<Version> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+    ))
 }
 
 /// The switch could not be made (the daemon lacks `CAP_SETUID`/`CAP_SETGID`: not root).
@@ -145,6 +187,24 @@ mod tests {
             home: "/home/user".into(),
         };
         assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        // Cached, yet a change of the file counts at once; without a file, the primary group.
+        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        std::fs::write(dir.path().join("group"), "dev:x:50:other\n").unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343]
+        );
+        // A different size: two writes within one clock tick can share a modification time.
+        std::fs::write(dir.path().join("group"), "team:x:51:root,user\n").unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343, 51]
+        );
+        std::fs::remove_file(dir.path().join("group")).unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343]
+        );
     }
 
     /// As root: a file only root may read is refused inside the guard and readable after it.
