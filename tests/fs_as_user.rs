@@ -481,3 +481,62 @@ fn every_worker_is_back_to_root_after_each_call() {
     let owner = |name: &str| fs::metadata(locked.join(name)).unwrap().uid();
     assert_eq!(owner("f3-24"), 0);
 }
+
+#[test]
+fn a_signed_url_acts_as_the_user_it_names_and_the_variable_turns_the_option_on() {
+    if !root_or_fail() {
+        return;
+    }
+    let daemon = common::builder().env("SANDBOXD_FS_AS_USER", "1").start();
+    let root = daemon.dir.path();
+    fs::set_permissions(root, fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = root.join("secret");
+    fs::write(&secret, b"root only").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let secret = secret.to_str().unwrap();
+    let as_user = daemon.sign(secret, &["--username", "user"]);
+    assert_denied(&daemon.call_with("GET", &as_user, &[], b""));
+    let head = daemon.call_with("HEAD", &as_user, &[], b"");
+    assert_eq!(head.status, 403);
+    let as_root = daemon.sign(secret, &["--username", "root"]);
+    assert_eq!(
+        daemon.call_with("GET", &as_root, &[], b"").text(),
+        "root only"
+    );
+}
+
+/// A daemon that cannot switch (not root) says so; it never acts as itself instead.
+#[test]
+fn a_daemon_that_cannot_switch_answers_500_naming_why() {
+    if !root_or_fail() {
+        return;
+    }
+    let daemon = common::builder()
+        .arg("--fs-as-user")
+        .wrap_with_shell(&format!(
+            "chmod -R a+rX \"$(dirname \"$4\")\" && exec setpriv --reuid={USER_UID} \
+             --regid={USER_GID} --clear-groups"
+        ))
+        .start();
+    let file = daemon.dir.path().join("f");
+    fs::write(&file, b"readable").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+    let reply = download(&daemon, &file, "user");
+    assert_eq!(reply.status, 500, "{}", reply.text());
+    assert!(
+        reply.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("cannot act as user 'user' on the filesystem (--fs-as-user needs the daemon to run as root): "),
+        "{}",
+        reply.text()
+    );
+    assert_code(
+        &rpc(&daemon, "Stat", AS_USER, json!({"path": file})),
+        500,
+        "internal",
+    );
+    let upload = upload(&daemon, &daemon.home().join("x"), "user", b"x");
+    assert_eq!(upload.status, 500, "{}", upload.text());
+    assert!(!daemon.home().join("x").exists());
+}
