@@ -49,7 +49,15 @@ impl Identity {
             error,
         };
         let groups = creds::groups().map_err(fail)?;
-        creds::set_groups(&self.groups).map_err(fail)?;
+        // The kernel's group check (`in_group_p`) is "the fsgid, or one of the groups": when
+        // the thread's groups already are the user's besides the primary one (typically both
+        // none), setting them changes no answer, and two credential changes are saved.
+        let groups = if same_set(&groups, self.groups.iter().filter(|&&g| g != self.gid)) {
+            None
+        } else {
+            creds::set_groups(&self.groups).map_err(fail)?;
+            Some(groups)
+        };
         let mut guard = AsUser {
             saved: Saved {
                 uid: None,
@@ -68,7 +76,12 @@ impl Identity {
 struct Saved {
     uid: Option<u32>,
     gid: Option<u32>,
-    groups: Vec<u32>,
+    groups: Option<Vec<u32>>,
+}
+
+/// Whether `have` and `want` hold the same ids (either may repeat one).
+fn same_set<'a>(have: &[u32], want: impl Iterator<Item = &'a u32> + Clone) -> bool {
+    want.clone().all(|g| have.contains(g)) && have.iter().all(|g| want.clone().any(|w| w == g))
 }
 
 /// While it lives, the thread's filesystem calls are checked as the user's. Not `Send`: the
@@ -88,7 +101,7 @@ impl Drop for AsUser {
             .uid
             .map_or(Ok(0), creds::set_fsuid)
             .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid))
-            .and_then(|_| creds::set_groups(&saved.groups));
+            .and_then(|_| saved.groups.as_deref().map_or(Ok(()), creds::set_groups));
         if let Err(error) = restored {
             log::line(format_args!(
                 "fatal: cannot restore the daemon's own filesystem credentials: {error}"
@@ -245,5 +258,32 @@ mod tests {
             before
         );
         assert_eq!(std::fs::read(&secret).unwrap(), b"s");
+        // A user without supplementary groups, on a thread without any: only the ids change,
+        // and the group check still sees the primary group (through the fsgid).
+        if before.2.is_empty() {
+            let solo = Identity {
+                groups: vec![4343],
+                ..identity()
+            };
+            let group_only = dir.path().join("group-only");
+            std::fs::write(&group_only, b"g").unwrap();
+            std::fs::set_permissions(&group_only, std::fs::Permissions::from_mode(0o040)).unwrap();
+            std::os::unix::fs::chown(&group_only, Some(0), Some(4343)).unwrap();
+            let _guard = solo.enter().unwrap();
+            assert_eq!(creds::groups().unwrap(), Vec::<u32>::new());
+            assert_eq!(std::fs::read(&group_only).unwrap(), b"g");
+            assert_eq!(
+                std::fs::read(&secret).unwrap_err().kind(),
+                io::ErrorKind::PermissionDenied
+            );
+        }
+    }
+
+    #[test]
+    fn sets_compare_members_only() {
+        assert!(same_set(&[], [].iter()));
+        assert!(same_set(&[5, 6], [6, 5, 5].iter()));
+        assert!(!same_set(&[5], [5, 6].iter()));
+        assert!(!same_set(&[5, 6], [5].iter()));
     }
 }
