@@ -505,17 +505,19 @@ fn a_signed_url_acts_as_the_user_it_names_and_the_variable_turns_the_option_on()
     );
 }
 
-/// A daemon that cannot switch (not root) says so; it never acts as itself instead.
+/// A daemon that cannot switch (not root, asked to act as another user) says so; it never
+/// acts as itself instead.
 #[test]
 fn a_daemon_that_cannot_switch_answers_500_naming_why() {
     if !root_or_fail() {
         return;
     }
+    const OTHER: u32 = 4299;
     let daemon = common::builder()
         .arg("--fs-as-user")
         .wrap_with_shell(&format!(
-            "chmod -R a+rX \"$(dirname \"$4\")\" && exec setpriv --reuid={USER_UID} \
-             --regid={USER_GID} --clear-groups"
+            "chmod -R a+rX \"$(dirname \"$4\")\" && exec setpriv --reuid={OTHER} \
+             --regid={OTHER} --clear-groups"
         ))
         .start();
     let file = daemon.dir.path().join("f");
