@@ -14,6 +14,7 @@ use std::sync::{Mutex, RwLock};
 use crate::auth::{self, AuthError, Operation, SignedQuery};
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::fs::as_user::{AsUser, Identity, SwitchError};
 use crate::fs::paths;
 use crate::fs::users::{self, User};
 use crate::fs::FsError;
@@ -205,6 +206,22 @@ impl App {
             user: users::lookup(&self.config.passwd_file, name)?,
             workdir: defaults.workdir,
         })
+    }
+}
+
+impl App {
+    /// Whom a file call for `user` acts as: with `--fs-as-user` the user's identity, without
+    /// it `None` (the daemon's own, root, as envd).
+    pub fn identity(&self, user: &User) -> Option<Identity> {
+        self.config
+            .fs_as_user
+            .then(|| Identity::of(&self.config.passwd_file, user))
+    }
+
+    /// With `--fs-as-user`, switches the calling thread to `user`'s filesystem credentials
+    /// until the guard is dropped (`fs::as_user`); without it, `None` and nothing changes.
+    pub fn as_user(&self, user: &User) -> Result<Option<AsUser>, SwitchError> {
+        self.identity(user).map(|who| who.enter()).transpose()
     }
 }
 

@@ -17,8 +17,8 @@ pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, OPTIONS, PASSWD_FILE, PROC_ROOT,
-    SEND_TIMEOUT, WORKERS,
+    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, OPTIONS, PASSWD_FILE,
+    PROC_ROOT, SEND_TIMEOUT, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +39,8 @@ pub struct Config {
     pub body_timeout: Duration,
     pub proc_root: PathBuf,
     pub cgroup_root: PathBuf,
+    /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
+    pub fs_as_user: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +103,7 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         body_timeout: given.read(&BODY_TIMEOUT)?,
         proc_root: given.read(&PROC_ROOT)?,
         cgroup_root: given.read(&CGROUP_ROOT)?,
+        fs_as_user: given.read(&FS_AS_USER)?,
     })
 }
 
@@ -129,6 +132,8 @@ impl<'a> Given<'a> {
                 .ok_or_else(|| format!("unknown argument '{arg}'"))?;
             let value = match inline {
                 Some(value) => value,
+                // A switch (no value placeholder): the flag alone turns it on.
+                None if is_switch(name) => "1".to_string(),
                 None => rest
                     .next()
                     .cloned()
@@ -153,6 +158,13 @@ impl<'a> Given<'a> {
             None => setting.read((self.env)(env).as_deref()),
         }
     }
+}
+
+/// Whether the option with flag `name` takes no value.
+fn is_switch(name: &str) -> bool {
+    OPTIONS
+        .iter()
+        .any(|opt| opt.flag == Some(name) && opt.value.is_empty())
 }
 
 fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
@@ -248,6 +260,19 @@ mod tests {
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
         assert_eq!(config.workers, default_workers());
         assert_eq!(config.default_workdir, None);
+        assert!(!config.fs_as_user);
+    }
+
+    #[test]
+    fn fs_as_user_is_a_switch() {
+        let on = |name: &str| (name == "SANDBOXD_FS_AS_USER").then(|| "1".to_string());
+        assert!(serve(&[], &on).fs_as_user);
+        assert!(!serve(&["--fs-as-user=false"], &on).fs_as_user);
+        let config = serve(&["--fs-as-user", "--workers", "2"], &no_env);
+        assert!(config.fs_as_user);
+        assert_eq!(config.workers, 2);
+        let error = parse(&args(&["--fs-as-user=yes"]), &no_env).err().unwrap();
+        assert_eq!(error, "--fs-as-user is 1, true, 0 or false, not 'yes'");
     }
 
     #[test]

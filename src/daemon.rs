@@ -81,6 +81,10 @@ pub fn run(config: Config) -> ExitCode {
     let env: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
+    if config.fs_as_user {
+        // Before any worker acts as a user: a thread inherits its creator's credentials.
+        crate::fs::temp::start_sweeper_now();
+    }
     let app = Arc::new(App::new(config, token, env));
     let router = Router {
         app: Arc::clone(&app),

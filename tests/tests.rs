@@ -19,6 +19,8 @@ mod hardening_fs;
 mod download;
 // What envd's clients rely on beyond the routes: CORS, /init, -version, Connect paths.
 mod envd_compat;
+// --fs-as-user: file routes and filesystem calls with the caller's rights; workers back to root.
+mod fs_as_user;
 // Hostile and broken clients, each answer exact, /health still served.
 mod faults;
 // envd's filesystem.Filesystem Connect service: Stat, ListDir, MakeDir, Move, Remove.

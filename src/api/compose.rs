@@ -47,6 +47,9 @@ fn post(app: &App, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
         _ => return Err(ApiError::bad_request("destination is required")),
     };
     let resolver = app.resolver(body.username.as_deref())?;
+    // Everything below touches the disk as the user (`--fs-as-user`); the guard ends with
+    // the call.
+    let _as_user = app.as_user(&resolver.user)?;
     let destination = resolver.resolve(&destination)?;
     let plan = compose::validate(destination, sources.iter().map(String::as_str), |raw| {
         resolver.resolve(raw)

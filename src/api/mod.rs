@@ -1,6 +1,7 @@
 //! Endpoint handlers, one file each: typed input in, `Result<Response, ApiError>` out. The
 //! errors of `fs` and `auth` become `ApiError`s through `?`, by the one mapping in `status`.
 
+pub mod as_user;
 pub mod compose;
 pub mod connect_stub;
 pub mod cors;

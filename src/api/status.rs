@@ -41,6 +41,9 @@ fn fs_status(err: &FsError) -> u16 {
         FsError::UnknownUser(_) => 401,
         FsError::SourceNotFound(_) => 404,
         FsError::DiskFull => 507,
+        // The kernel refused the caller (with `--fs-as-user`, the user; a read-only or
+        // immutable file otherwise): a fact about the file, not a fault of the daemon.
+        FsError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => 403,
         FsError::Io { .. } => 500,
     }
 }
@@ -226,6 +229,14 @@ mod tests {
                 },
                 500,
                 "error syncing '/tmp': Input/output error",
+            ),
+            (
+                FsError::Io {
+                    what: "creating '/root/a'".into(),
+                    source: io::Error::from_raw_os_error(libc::EACCES),
+                },
+                403,
+                "error creating '/root/a': Permission denied (os error 13)",
             ),
         ];
         for (err, status, message) in cases {

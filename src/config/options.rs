@@ -78,6 +78,7 @@ pub const OPTIONS: &[Opt] = &[
     BODY_TIMEOUT.opt,
     PROC_ROOT.opt,
     CGROUP_ROOT.opt,
+    FS_AS_USER.opt,
 ];
 
 pub const LISTEN: Setting<SocketAddr> = Setting {
@@ -272,6 +273,20 @@ pub const CGROUP_ROOT: Setting<PathBuf> = Setting {
     absent: None,
 };
 
+/// A switch: the flag alone turns it on (`--fs-as-user=false` turns it off again).
+pub const FS_AS_USER: Setting<bool> = Setting {
+    opt: Opt {
+        flag: Some("--fs-as-user"),
+        env: "SANDBOXD_FS_AS_USER",
+        value: "",
+        default: Fallback::Text("0"),
+        help: "run file routes and filesystem calls with the caller's fsuid, fsgid and groups, so the \
+               kernel checks them as the user's (off: as root, as envd does)",
+    },
+    parse: parse_switch,
+    absent: None,
+};
+
 /// Four workers per CPU: they block on disks and slow clients, not only on the CPU.
 pub fn default_workers() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -281,6 +296,15 @@ pub fn default_workers() -> usize {
 pub fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:49983"))
+}
+
+/// The value of a switch: `1`/`true` or `0`/`false`.
+pub fn parse_switch(flag: &str, text: &str) -> Result<bool, String> {
+    match text {
+        "1" | "true" => Ok(true),
+        "0" | "false" => Ok(false),
+        _ => Err(format!("{flag} is 1, true, 0 or false, not '{text}'")),
+    }
 }
 
 fn parse_workers(text: &str) -> Result<usize, String> {
@@ -344,5 +368,8 @@ mod tests {
         assert_eq!(WORKERS.read(None).unwrap(), default_workers());
         assert_eq!(WORKERS.read(Some("7")).unwrap(), 7);
         assert_eq!(DEFAULT_WORKDIR.read(Some("")).unwrap(), None);
+        assert!(!FS_AS_USER.read(None).unwrap());
+        assert!(FS_AS_USER.read(Some("true")).unwrap());
+        assert!(FS_AS_USER.read(Some("yes")).is_err());
     }
 }

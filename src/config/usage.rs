@@ -33,7 +33,7 @@ pub fn help() -> String {
     let mut out = String::from(HEAD);
     for opt in OPTIONS {
         let flag = match opt.flag {
-            Some(flag) => format!("{flag} {}", opt.value),
+            Some(flag) => format!("{flag} {}", opt.value).trim_end().to_string(),
             None => "(no flag)".to_string(),
         };
         let default = match opt.default {
@@ -52,7 +52,7 @@ fn markdown() -> String {
     let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
     for opt in OPTIONS {
         let flag = match opt.flag {
-            Some(flag) => format!("`{flag} {}`", opt.value),
+            Some(flag) => format!("`{}`", format!("{flag} {}", opt.value).trim_end()),
             None => "(none)".to_string(),
         };
         let default = match opt.default {

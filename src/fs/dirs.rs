@@ -108,7 +108,9 @@ fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
         Err(err) => return Err(Made::Failed(err)),
     };
     let stat = dir.metadata().map_err(Made::Failed)?;
-    if stat.uid() != crate::sys::dir::effective_uid() || stat.nlink() != 2 {
+    // Made by this thread: owned by its filesystem user (root, or the user with
+    // `--fs-as-user`).
+    if stat.uid() != crate::sys::creds::fsuid() || stat.nlink() != 2 {
         return Err(Made::Replaced);
     }
     dir.set_permissions(Permissions::from_mode(DIR_MODE))

@@ -168,6 +168,13 @@ pub fn sweep_once(path: &Path, dir: &Dir) {
     }
 }
 
+/// Starts the sweeper thread now, if it has not started. A thread starts with the
+/// credentials of the thread that creates it, so with `--fs-as-user` the daemon starts it
+/// before any call runs as a user (`fs::as_user`); otherwise the first write would.
+pub fn start_sweeper_now() {
+    SWEEPER.get_or_init(start_sweeper);
+}
+
 fn start_sweeper() -> Option<Mutex<Sweeper>> {
     me()?;
     let (queue, directories) = mpsc::channel::<Dir>();

@@ -385,12 +385,6 @@ fn proc_fd(fd: RawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{fd}"))
 }
 
-/// This process's effective user id: the owner of what it creates.
-pub fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// `fstat` of any open descriptor.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     // SAFETY: an all-zero `stat` is a valid value of that plain C struct.

@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 pub mod copy;
+pub mod creds;
 pub mod dir;
 pub mod env;
 pub mod file;

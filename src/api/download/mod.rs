@@ -43,10 +43,14 @@ pub fn get(app: &App, head: &Head) -> Result<Response, ApiError> {
     let query = app::query(head)?;
     let now = date::now_unix();
     app.require_file_access(head, &query, Operation::Read, now)?;
-    let resolved = app
-        .resolver(query.get("username"))?
-        .resolve(query.get("path").unwrap_or(""))?;
-    let (file, metadata) = open_regular(&resolved)?;
+    let resolver = app.resolver(query.get("username"))?;
+    let resolved = resolver.resolve(query.get("path").unwrap_or(""))?;
+    // The file is opened as the user (`--fs-as-user`); the open descriptor it is sent from
+    // needs no further check.
+    let (file, metadata) = {
+        let _as_user = app.as_user(&resolver.user)?;
+        open_regular(&resolved)?
+    };
     respond(head, file, &metadata, &resolved, now)
 }
 

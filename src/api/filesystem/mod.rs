@@ -54,17 +54,32 @@ fn run(
     body: &[u8],
 ) -> Result<Response, Error> {
     let caller = Caller::new(app, username)?;
+    // Every method's filesystem calls are the user's with `--fs-as-user`, a watch's set-up
+    // included (`WatchDir` and `CreateWatcher` add its directories here, on this thread). The
+    // watcher thread lives as long as the process and inherits the credentials of the thread
+    // that starts it, so it is started, as the daemon, before the switch.
+    if app.config.fs_as_user && matches!(method, "WatchDir" | "CreateWatcher") {
+        watch::hub()?;
+    }
+    let _as_user = app
+        .as_user(&caller.user)
+        .map_err(|e| Error::new(Code::Internal, e.to_string()))?;
     Ok(match method {
         "Stat" => connect::unary(&ops::stat(
             &caller,
             &call.request::<PathRequest>(body)?.path,
         )?),
-        // A walk of a big tree may take seconds: off the HTTP workers (SPEC §9b).
+        // A walk of a big tree may take seconds: off the HTTP workers (SPEC §9b), on a thread
+        // of the long-call executor, which takes the user's credentials itself.
         "ListDir" => {
             let request: ListDirRequest = call.request(body)?;
+            let app = Arc::clone(app);
             super::long_calls::run(move || {
-                ops::list_dir(&caller, &request.path, request.depth)
-                    .map_or_else(Error::into_response, |answer| connect::unary(&answer))
+                let listed = app
+                    .as_user(&caller.user)
+                    .map_err(|e| Error::new(Code::Internal, e.to_string()))
+                    .and_then(|_as_user| ops::list_dir(&caller, &request.path, request.depth));
+                listed.map_or_else(Error::into_response, |answer| connect::unary(&answer))
             })?
         }
         "MakeDir" => {

@@ -53,6 +53,8 @@ pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirRespon
             Code::ResourceExhausted
         } else if walk::is_moved(&e) {
             Code::Aborted
+        } else if e.kind() == io::ErrorKind::PermissionDenied {
+            Code::PermissionDenied
         } else {
             Code::Internal
         };

@@ -45,6 +45,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::as_user::AsUserSink;
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
@@ -85,6 +86,10 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let kind = body_kind(head)?;
     let resolver = app.resolver(query.get("username"))?;
     let metadata = metadata(head)?;
+    // Whatever is created now and later (in `AsUserSink`, on whichever worker feeds the body)
+    // is created as the user with `--fs-as-user`.
+    let identity = app.identity(&resolver.user);
+    let _as_user = identity.as_ref().map(|who| who.enter()).transpose()?;
     let sink: Box<dyn BodySink> = match kind {
         Kind::Raw => {
             let raw = raw_path.ok_or_else(|| {
@@ -112,11 +117,12 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             ended: false,
         }),
     };
-    Ok(Action::Consume(if gzip {
+    let sink: Box<dyn BodySink> = if gzip {
         Box::new(Inflating::new(sink))
     } else {
         sink
-    }))
+    };
+    Ok(Action::Consume(AsUserSink::wrap(identity, sink)))
 }
 
 /// Whether the body is gzip; 415 for any other coding than identity, and for gzip twice.

@@ -169,7 +169,7 @@ fn directory(caller: &Caller, request: &WatchRequest) -> Result<PathBuf, Error> 
 }
 
 /// The daemon's watcher; failing to start it is running out of descriptors or threads.
-fn hub() -> Result<Hub, Error> {
+pub(super) fn hub() -> Result<Hub, Error> {
     Hub::global().map_err(|e| {
         let code = if crate::api::status::exhausted(&e) {
             Code::ResourceExhausted

@@ -1,0 +1,289 @@
+//! Acting as a user on the filesystem (`--fs-as-user`): the calling thread's fsuid, fsgid and
+//! supplementary groups become the user's while an [`AsUser`] guard lives, and the thread's own
+//! come back when it is dropped, whatever path the call took.
+//!
+//! This module owns the switch and its undoing; which calls run under it is the dispatch's
+//! (`api`). Only filesystem permission checks change: the thread keeps its uid 0 and every
+//! capability but the filesystem ones (`CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`, `CAP_FOWNER`,
+//! `CAP_CHOWN`, ...), which the kernel drops from a thread whose fsuid is not 0 and gives back
+//! when it is 0 again. The system calls are `sys::creds`' raw ones, which change the calling
+//! thread alone (a worker switching never affects another worker).
+
+use std::fmt;
+use std::io;
+use std::marker::PhantomData;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::fs::users::{self, User};
+use crate::log;
+use crate::sys::creds;
+
+/// Whom to act as: a user's ids and groups (the primary group first, then those of the group
+/// file that list the user, as a process started as the user gets them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// `user`'s identity, its groups from the group file beside `passwd_file`.
+    pub fn of(passwd_file: &Path, user: &User) -> Identity {
+        Identity {
+            name: user.name.clone(),
+            uid: user.uid,
+            gid: user.gid,
+            groups: groups_of(passwd_file, user),
+        }
+    }
+
+    /// Switches the calling thread to this identity until the guard is dropped. Each step is
+    /// checked; on an error, what was already switched is switched back before returning.
+    pub fn enter(&self) -> Result<AsUser, SwitchError> {
+        let fail = |error| SwitchError {
+            name: self.name.clone(),
+            error,
+        };
+        let groups = creds::groups().map_err(fail)?;
+        // The kernel's group check (`in_group_p`) is "the fsgid, or one of the groups": when
+        // the thread's groups already are the user's besides the primary one (typically both
+        // none), setting them changes no answer, and two credential changes are saved.
+        let groups = if same_set(&groups, self.groups.iter().filter(|&&g| g != self.gid)) {
+            None
+        } else {
+            creds::set_groups(&self.groups).map_err(fail)?;
+            Some(groups)
+        };
+        let mut guard = AsUser {
+            saved: Saved {
+                uid: None,
+                gid: None,
+                groups,
+            },
+            _thread: PhantomData,
+        };
+        guard.saved.gid = Some(creds::set_fsgid(self.gid).map_err(fail)?);
+        guard.saved.uid = Some(creds::set_fsuid(self.uid).map_err(fail)?);
+        Ok(guard)
+    }
+}
+
+/// The thread's credentials before the switch; `None`: that one was not changed.
+struct Saved {
+    uid: Option<u32>,
+    gid: Option<u32>,
+    groups: Option<Vec<u32>>,
+}
+
+/// Whether `have` and `want` hold the same ids (either may repeat one).
+fn same_set<'a>(have: &[u32], want: impl Iterator<Item = &'a u32> + Clone) -> bool {
+    want.clone().all(|g| have.contains(g)) && have.iter().all(|g| want.clone().any(|w| w == g))
+}
+
+/// While it lives, the thread's filesystem calls are checked as the user's. Not `Send`: the
+/// credentials it restores are its thread's.
+pub struct AsUser {
+    saved: Saved,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for AsUser {
+    /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid and the
+    /// groups. A thread left with a user's credentials would serve the next request with them,
+    /// so a failure here (which cannot happen to a thread whose uid is 0) aborts the daemon.
+    fn drop(&mut self) {
+        let saved = &self.saved;
+        let restored = saved
+            .uid
+            .map_or(Ok(0), creds::set_fsuid)
+            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid))
+            .and_then(|_| saved.groups.as_deref().map_or(Ok(()), creds::set_groups));
+        if let Err(error) = restored {
+            log::line(format_args!(
+                "fatal: cannot restore the daemon's own filesystem credentials: {error}"
+            ));
+            std::process::abort();
+        }
+    }
+}
+
+/// The groups of `user`: the primary gid, then the group file's groups listing the user. The
+/// file is parsed again only when its identity, size or modification time changed (a `stat`
+/// per call, as `Owners` does), so a user added to or removed from a group counts at once.
+fn groups_of(passwd_file: &Path, user: &User) -> Vec<u32> {
+    type Cached = (PathBuf, Option<Version>, Arc<str>);
+    static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
+    let group_file = passwd_file.with_file_name("group");
+    let Some(version) = version(&group_file) else {
+        return users::groups(passwd_file, user);
+    };
+    let text = {
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.as_ref() {
+            Some((path, seen, text)) if *path == group_file && *seen == Some(version) => {
+                Arc::clone(text)
+            }
+            _ => {
+                let Ok(bytes) = std::fs::read(&group_file) else {
+                    return users::groups(passwd_file, user);
+                };
+                let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
+                *cache = Some((group_file, Some(version), Arc::clone(&text)));
+                text
+            }
+        }
+    };
+    users::parse_groups(&text, user)
+}
+
+/// What identifies a version of a file without reading it: device, inode, size, mtime.
+type Version = (u64, u64, u64, i64, i64);
+
+fn version(path: &Path) -> Option<Version> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+    ))
+}
+
+/// The switch could not be made (the daemon lacks `CAP_SETUID`/`CAP_SETGID`: not root).
+#[derive(Debug)]
+pub struct SwitchError {
+    pub name: String,
+    pub error: io::Error,
+}
+
+impl fmt::Display for SwitchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot act as user '{}' on the filesystem (--fs-as-user needs the daemon to run \
+             as root): {}",
+            self.name, self.error
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity {
+            name: "user".into(),
+            uid: 4242,
+            gid: 4343,
+            groups: vec![4343, 50],
+        }
+    }
+
+    fn is_root() -> bool {
+        creds::fsuid() == 0
+    }
+
+    #[test]
+    fn groups_come_from_the_group_file_beside_passwd() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("group"), "dev:x:50:user\nx:x:60:other\n").unwrap();
+        let user = User {
+            name: "user".into(),
+            uid: 4242,
+            gid: 4343,
+            home: "/home/user".into(),
+        };
+        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        // Cached, yet a change of the file counts at once; without a file, the primary group.
+        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        std::fs::write(dir.path().join("group"), "dev:x:50:other\n").unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343]
+        );
+        // A different size: two writes within one clock tick can share a modification time.
+        std::fs::write(dir.path().join("group"), "team:x:51:root,user\n").unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343, 51]
+        );
+        std::fs::remove_file(dir.path().join("group")).unwrap();
+        assert_eq!(
+            Identity::of(&dir.path().join("passwd"), &user).groups,
+            [4343]
+        );
+    }
+
+    /// As root: a file only root may read is refused inside the guard and readable after it.
+    #[test]
+    fn the_guard_switches_and_restores() {
+        if !is_root() {
+            assert!(
+                std::env::var_os("SANDBOXD_REQUIRE_ROOT_TESTS").is_none_or(|v| v != "1"),
+                "switching credentials needs root"
+            );
+            let error = identity().enter().err().expect("not root: refused");
+            assert!(error
+                .to_string()
+                .contains("needs the daemon to run as root"));
+            assert_eq!(creds::fsuid(), creds::fsuid());
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"s").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let before = (creds::fsuid(), creds::fsgid(), creds::groups().unwrap());
+        {
+            let _guard = identity().enter().unwrap();
+            assert_eq!((creds::fsuid(), creds::fsgid()), (4242, 4343));
+            assert_eq!(
+                creds::groups().unwrap(),
+                vec![50, 4343],
+                "kept sorted by the kernel"
+            );
+            let error = std::fs::read(&secret).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
+        }
+        assert_eq!(
+            (creds::fsuid(), creds::fsgid(), creds::groups().unwrap()),
+            before
+        );
+        assert_eq!(std::fs::read(&secret).unwrap(), b"s");
+        // A user without supplementary groups, on a thread without any: only the ids change,
+        // and the group check still sees the primary group (through the fsgid).
+        if before.2.is_empty() {
+            let solo = Identity {
+                groups: vec![4343],
+                ..identity()
+            };
+            let group_only = dir.path().join("group-only");
+            std::fs::write(&group_only, b"g").unwrap();
+            std::fs::set_permissions(&group_only, std::fs::Permissions::from_mode(0o040)).unwrap();
+            std::os::unix::fs::chown(&group_only, Some(0), Some(4343)).unwrap();
+            let _guard = solo.enter().unwrap();
+            assert_eq!(creds::groups().unwrap(), Vec::<u32>::new());
+            assert_eq!(std::fs::read(&group_only).unwrap(), b"g");
+            assert_eq!(
+                std::fs::read(&secret).unwrap_err().kind(),
+                io::ErrorKind::PermissionDenied
+            );
+        }
+    }
+
+    #[test]
+    fn sets_compare_members_only() {
+        assert!(same_set(&[], [].iter()));
+        assert!(same_set(&[5, 6], [6, 5, 5].iter()));
+        assert!(!same_set(&[5], [5, 6].iter()));
+        assert!(!same_set(&[5, 6], [5].iter()));
+    }
+}
