@@ -26,17 +26,18 @@ pub const NICE: i32 = 5;
 
 type Work = Box<dyn FnOnce() -> Response + Send>;
 
-struct Executor {
+pub struct Executor {
     queue: Mutex<VecDeque<(Work, Answer)>>,
     ready: Condvar,
 }
 
 static EXECUTOR: OnceLock<Executor> = OnceLock::new();
 
-/// Runs `work` on the executor; the response answers the call when it is done. A full queue
-/// is `resource_exhausted`.
-pub fn run(work: impl FnOnce() -> Response + Send + 'static) -> Result<Response, Error> {
-    let executor = EXECUTOR.get_or_init(|| {
+/// The executor, its threads started on first use. Threads take the credentials of the thread
+/// that starts them: with `--fs-as-user` the daemon starts it before any call switches
+/// (`daemon`), and each call takes its user's credentials itself.
+pub fn start() -> &'static Executor {
+    EXECUTOR.get_or_init(|| {
         for index in 0..THREADS {
             // Without its threads the executor would hold calls forever: a daemon that cannot
             // start a thread at launch is not usable anyway.
@@ -51,7 +52,13 @@ pub fn run(work: impl FnOnce() -> Response + Send + 'static) -> Result<Response,
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
         }
-    });
+    })
+}
+
+/// Runs `work` on the executor; the response answers the call when it is done. A full queue
+/// is `resource_exhausted`.
+pub fn run(work: impl FnOnce() -> Response + Send + 'static) -> Result<Response, Error> {
+    let executor = start();
     let (answer, deferred) = deferred::channel();
     {
         let mut queue = lock(&executor.queue);

@@ -54,12 +54,15 @@ fn run(
     body: &[u8],
 ) -> Result<Response, Error> {
     let caller = Caller::new(app, username)?;
-    // Every method's filesystem calls are the user's with `--fs-as-user`, a watch's set-up
-    // included (`WatchDir` and `CreateWatcher` add its directories here, on this thread). The
-    // watcher thread lives as long as the process and inherits the credentials of the thread
-    // that starts it, so it is started, as the daemon, before the switch.
-    if app.config.fs_as_user && matches!(method, "WatchDir" | "CreateWatcher") {
+    // Every method's filesystem calls are the user's with `--fs-as-user`, on this thread or on
+    // the thread that runs them (ListDir's long-call thread, WatchDir's setup thread, each of
+    // which takes the user's credentials itself). Those threads live as long as the process
+    // and inherit the credentials of the thread that starts them, so they are started, as the
+    // daemon, before the switch.
+    if app.config.fs_as_user {
         watch::hub()?;
+        watch::setup::start_threads()?;
+        super::long_calls::start();
     }
     let _as_user = app
         .as_user(&caller.user)

@@ -10,7 +10,7 @@
 //! buffers, caps, expiry). Watching itself is `fs::watch`'s.
 
 mod budget;
-mod setup;
+pub(super) mod setup;
 mod stream;
 mod watchers;
 

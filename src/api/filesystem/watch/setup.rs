@@ -32,17 +32,7 @@ static IN_WORKERS: AtomicUsize = AtomicUsize::new(0);
 /// Runs `job` on a setup thread (started on first use), or refuses when [`MAX_PENDING`]
 /// already wait.
 pub fn spawn(job: Job) -> Result<(), Error> {
-    let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-    let sender = match queue.as_ref() {
-        Some(sender) => sender.clone(),
-        None => {
-            let sender = start()?;
-            *queue = Some(sender.clone());
-            sender
-        }
-    };
-    drop(queue);
-    match sender.try_send(job) {
+    match start_threads()?.try_send(job) {
         Ok(()) => Ok(()),
         Err(TrySendError::Full(_)) => Err(Error::new(
             Code::ResourceExhausted,
@@ -56,6 +46,19 @@ pub fn spawn(job: Job) -> Result<(), Error> {
             "the watch setup threads are gone",
         )),
     }
+}
+
+/// The setup threads' queue, the threads started on first use. Threads take the credentials of
+/// the thread that starts them: with `--fs-as-user` the daemon starts them before any call
+/// switches (`daemon`), and each setup takes its user's credentials itself.
+pub fn start_threads() -> Result<SyncSender<Job>, Error> {
+    let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(sender) = queue.as_ref() {
+        return Ok(sender.clone());
+    }
+    let sender = start()?;
+    *queue = Some(sender.clone());
+    Ok(sender)
 }
 
 /// Starts the setup threads.

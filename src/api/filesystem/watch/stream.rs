@@ -78,10 +78,23 @@ pub fn watch_dir(
         charge: Charge::default(),
     };
     let recursive = request.recursive;
+    let (app, user) = (Arc::clone(app), caller.user);
     setup::spawn(Box::new(move || {
+        // The setup thread lists and watches the tree with the user's rights
+        // (`--fs-as-user`), as the worker would have.
+        let as_user = match app.as_user(&user) {
+            Ok(guard) => guard,
+            Err(error) => {
+                let mut sink = sink;
+                return sink
+                    .live
+                    .finish(Err(Error::new(Code::Internal, error.to_string())));
+            }
+        };
         if let Err(Refused { error, sink }) = hub.watch(&dir, recursive, Box::new(sink)) {
             sink.end(Ended::Failed(error));
         }
+        drop(as_user);
     }))?;
     Ok(response)
 }
