@@ -12,10 +12,10 @@
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::fs::owners::{version, FileVersion as Version};
 use crate::fs::users::{self, User};
 use crate::log;
 use crate::sys::creds;
@@ -138,20 +138,6 @@ fn groups_of(passwd_file: &Path, user: &User) -> Vec<u32> {
         }
     };
     users::parse_groups(&text, user)
-}
-
-/// What identifies a version of a file without reading it: device, inode, size, mtime.
-type Version = (u64, u64, u64, i64, i64);
-
-fn version(path: &Path) -> Option<Version> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-    ))
 }
 
 /// The switch could not be made (the daemon lacks `CAP_SETUID`/`CAP_SETGID`: not root).

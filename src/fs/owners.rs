@@ -21,9 +21,13 @@ pub struct Owners {
 }
 
 /// What identifies a version of a file without reading it: device, inode, size, mtime.
-type Version = Option<(u64, u64, u64, i64, i64)>;
+pub type FileVersion = (u64, u64, u64, i64, i64);
 
-fn version(path: &Path) -> Version {
+type Version = Option<FileVersion>;
+
+/// The version of the file at `path`, `None` when it cannot be read; the passwd and group
+/// files' caches (here and `fs::as_user`) parse them again only when it changes.
+pub fn version(path: &Path) -> Version {
     let meta = std::fs::metadata(path).ok()?;
     Some((
         meta.dev(),
