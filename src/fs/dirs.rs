@@ -10,9 +10,8 @@
 //! also owns the `{"path","name","type"}` JSON record of a written file.
 
 use std::ffi::OsStr;
-use std::fs::Permissions;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path};
 
 use crate::fs::error::FsError;
@@ -74,7 +73,7 @@ pub enum Made {
 /// Creates the directory `name` in `parent` (exactly 0755, owned by uid:gid) and opens it; if
 /// another creator won the race, opens theirs as it is. The new directory's mode and owner are
 /// set through a descriptor opened without following a symlink, and only once it is known to
-/// be the directory just made (owned by this process's user, no subdirectory): otherwise
+/// be the directory just made (owned by this thread's filesystem user, empty): otherwise
 /// [`Made::Replaced`], and nothing is changed.
 pub fn make_dir(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
     match parent.mkdir(name, DIR_MODE) {
@@ -109,14 +108,17 @@ fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
     };
     let stat = dir.metadata().map_err(Made::Failed)?;
     // Made by this thread: owned by its filesystem user (root, or the user with
-    // `--fs-as-user`).
-    if stat.uid() != crate::sys::creds::fsuid() || stat.nlink() != 2 {
+    // `--fs-as-user`), and empty. (Not "two links": btrfs counts one for every directory.)
+    if stat.uid() != crate::sys::creds::fsuid() || stat.nlink() > 2 {
         return Err(Made::Replaced);
     }
-    dir.set_permissions(Permissions::from_mode(DIR_MODE))
+    let held = Dir::from(dir);
+    if !held.names().map_err(Made::Failed)?.is_empty() {
+        return Err(Made::Replaced);
+    }
+    held.set_mode_and_owner(DIR_MODE, uid, gid)
         .map_err(Made::Failed)?;
-    std::os::unix::fs::fchown(&dir, Some(uid), Some(gid)).map_err(Made::Failed)?;
-    Ok(Dir::from(dir))
+    Ok(held)
 }
 
 /// The error of a directory swapped for something else between its creation and its set-up.
@@ -144,7 +146,8 @@ pub fn file_record(path: &Path) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
+    use std::fs::{self, Permissions};
+    use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
 
     /// Creates the missing parents of the file `path`, as a write does.
@@ -239,10 +242,20 @@ mod tests {
         assert!(matches!(err, Made::Replaced), "{err:?}");
         assert_eq!(mode(&target), 0o700);
         assert_eq!(owner(&target), (uid, gid));
-        // A directory with a subdirectory is not one just made either.
+        // A directory with something in it is not one just made either.
         fs::create_dir_all(tmp.path().join("full/sub")).unwrap();
         let err = set_up(&parent, OsStr::new("full"), uid + 1, gid + 1).unwrap_err();
         assert!(matches!(err, Made::Replaced), "{err:?}");
+        // Nor one holding a file (two links, as an empty one has).
+        fs::create_dir(tmp.path().join("with-file")).unwrap();
+        fs::write(tmp.path().join("with-file/f"), b"x").unwrap();
+        let err = set_up(&parent, OsStr::new("with-file"), uid + 1, gid + 1).unwrap_err();
+        assert!(matches!(err, Made::Replaced), "{err:?}");
+        assert_eq!(owner(&tmp.path().join("with-file")), (uid, gid));
+        // An empty one just made is set up.
+        fs::create_dir(tmp.path().join("fresh")).unwrap();
+        set_up(&parent, OsStr::new("fresh"), uid, gid).unwrap();
+        assert_eq!(mode(&tmp.path().join("fresh")), 0o755);
         assert_eq!(owner(&tmp.path().join("full")), (uid, gid));
     }
 

@@ -304,6 +304,16 @@ impl Dir {
         Ok(())
     }
 
+    /// Sets this directory's permission bits and owner, through its descriptor (a `Dir` opened
+    /// for reading: an `O_PATH` one cannot be changed).
+    pub fn set_mode_and_owner(&self, mode: u32, uid: u32, gid: u32) -> io::Result<()> {
+        // SAFETY: plain calls on a descriptor open for the borrow.
+        check(unsafe { libc::fchmod(self.fd.as_raw_fd(), mode) })?;
+        // SAFETY: as above.
+        check(unsafe { libc::fchown(self.fd.as_raw_fd(), uid, gid) })?;
+        Ok(())
+    }
+
     /// `fsync` of the directory, so that names made in it survive a crash. It needs the
     /// directory opened for reading: a directory its user may write but not read (`--fs-as-user`
     /// in a drop box such as mode 0733) cannot be synced by that user, as by any process of
