@@ -6,18 +6,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use crate::common::connect::{Stream, AS_USER, WAIT};
+use crate::common::connect::{self, Stream, AS_USER, WAIT};
 use crate::common::{start, Daemon, Reply, TOKEN};
 use serde_json::{json, Value};
 
 fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
-    let headers = [
-        ("X-Access-Token", TOKEN),
-        ("Content-Type", "application/json"),
-        ("Authorization", AS_USER),
-    ];
-    let path = format!("/filesystem.Filesystem/{method}");
-    daemon.call_with("POST", &path, &headers, body.to_string().as_bytes())
+    let procedure = format!("filesystem.Filesystem/{method}");
+    connect::unary(daemon, &procedure, &[("Authorization", AS_USER)], &body)
 }
 
 /// A WatchDir call as the SDKs make it (as `user`), read envelope by envelope.

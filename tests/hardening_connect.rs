@@ -130,40 +130,32 @@ fn a_stalled_body_is_deadline_exceeded_and_bad_chunking_invalid_argument() {
         .contains("invalid chunk size"));
 }
 
+/// A WatchDir of `/` with `authorization`: its answer is 200, and its one message the end of
+/// the stream with an error; that error's code and message.
+fn watch_dir_error(daemon: &Daemon, authorization: &str) -> (String, String) {
+    let mut stream = Stream::open(
+        daemon,
+        "filesystem.Filesystem/WatchDir",
+        &json!({"path": "/"}),
+        &[("Authorization", authorization)],
+    );
+    assert_eq!(stream.status, 200);
+    Stream::end_error(&stream.next()).expect("an error")
+}
+
 #[test]
 fn watch_dir_caller_errors_end_the_stream() {
     let daemon = common::start();
     // base64("nobody:"): a user the passwd file does not know.
-    let mut stream = Stream::open(
-        &daemon,
-        "filesystem.Filesystem/WatchDir",
-        &json!({"path": "/"}),
-        &[("Authorization", "Basic bm9ib2R5Og==")],
-    );
-    assert_eq!(stream.status, 200);
-    let (code, message) = Stream::end_error(&stream.next()).expect("an error");
+    let (code, message) = watch_dir_error(&daemon, "Basic bm9ib2R5Og==");
     assert_eq!(code, "unauthenticated");
     assert!(message.contains("nobody"), "{message}");
     // A malformed Authorization header, too.
-    let mut stream = Stream::open(
-        &daemon,
-        "filesystem.Filesystem/WatchDir",
-        &json!({"path": "/"}),
-        &[("Authorization", "Basic !!!")],
-    );
-    assert_eq!(stream.status, 200);
-    let (code, _) = Stream::end_error(&stream.next()).expect("an error");
+    let (code, _) = watch_dir_error(&daemon, "Basic !!!");
     assert_eq!(code, "unauthenticated");
     // The passwd file gone: the caller cannot be known.
     std::fs::remove_file(daemon.dir.path().join("passwd")).unwrap();
-    let mut stream = Stream::open(
-        &daemon,
-        "filesystem.Filesystem/WatchDir",
-        &json!({"path": "/"}),
-        &[("Authorization", AS_USER)],
-    );
-    assert_eq!(stream.status, 200);
-    let (code, _) = Stream::end_error(&stream.next()).expect("an error");
+    let (code, _) = watch_dir_error(&daemon, AS_USER);
     assert_ne!(code, "none");
 }
 

@@ -6,18 +6,13 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::connect::{Stream, AS_USER, WAIT};
-use crate::common::{assert_health_within, start, Daemon, Reply, TOKEN};
+use crate::common::connect::{self, Stream, AS_USER, WAIT};
+use crate::common::{assert_health_within, start, Daemon, Reply};
 use serde_json::{json, Value};
 
 fn rpc(daemon: &Daemon, method: &str, body: Value) -> Reply {
-    let headers = [
-        ("X-Access-Token", TOKEN),
-        ("Content-Type", "application/json"),
-        ("Authorization", AS_USER),
-    ];
-    let path = format!("/filesystem.Filesystem/{method}");
-    daemon.call_with("POST", &path, &headers, body.to_string().as_bytes())
+    let procedure = format!("filesystem.Filesystem/{method}");
+    connect::unary(daemon, &procedure, &[("Authorization", AS_USER)], &body)
 }
 
 fn open_watch(daemon: &Daemon, request: Value) -> Stream {
