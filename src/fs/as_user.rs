@@ -1,6 +1,9 @@
 //! Acting as a user on the filesystem (`--fs-as-user`): the calling thread's fsuid, fsgid and
 //! supplementary groups become the user's while an [`AsUser`] guard lives, and the thread's own
-//! come back when it is dropped, whatever path the call took.
+//! fsuid and fsgid come back when it is dropped, whatever path the call took. The groups stay
+//! the last user's until another identity needs others: while the fsuid is 0 the thread holds
+//! the filesystem capabilities, which no group check reaches, and whatever it starts sets its
+//! own groups (`sys::spawn`), so restoring them would only cost two credential copies a call.
 //!
 //! This module owns the switch and its undoing; which calls run under it is the dispatch's
 //! (`api`). Only filesystem permission checks change: the thread keeps its uid 0 and every
@@ -9,6 +12,7 @@
 //! when it is 0 again. The system calls are `sys::creds`' raw ones, which change the calling
 //! thread alone (a worker switching never affects another worker).
 
+use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
@@ -48,21 +52,28 @@ impl Identity {
             name: self.name.clone(),
             error,
         };
-        let groups = creds::groups().map_err(fail)?;
         // The kernel's group check (`in_group_p`) is "the fsgid, or one of the groups": when
-        // the thread's groups already are the user's besides the primary one (typically both
-        // none), setting them changes no answer, and two credential changes are saved.
-        let groups = if same_set(&groups, self.groups.iter().filter(|&&g| g != self.gid)) {
-            None
-        } else {
-            creds::set_groups(&self.groups).map_err(fail)?;
-            Some(groups)
-        };
+        // the thread's groups already are the user's besides the primary one (none, or the
+        // same user's from a previous call on this thread), setting them changes no answer.
+        THREAD_GROUPS.with(|known| {
+            let mut known = known.borrow_mut();
+            let have = match known.take() {
+                Some(have) => have,
+                None => creds::groups()?,
+            };
+            if same_besides(&have, &self.groups, self.gid) {
+                *known = Some(have);
+            } else {
+                creds::set_groups(&self.groups)?;
+                *known = Some(self.groups.clone());
+            }
+            Ok(())
+        })
+        .map_err(fail)?;
         let mut guard = AsUser {
             saved: Saved {
                 uid: None,
                 gid: None,
-                groups,
             },
             _thread: PhantomData,
         };
@@ -72,16 +83,22 @@ impl Identity {
     }
 }
 
-/// The thread's credentials before the switch; `None`: that one was not changed.
+thread_local! {
+    /// The calling thread's supplementary groups as this module last set or read them (only
+    /// this module changes a worker's), which saves reading them back on every switch.
+    static THREAD_GROUPS: RefCell<Option<Vec<u32>>> = const { RefCell::new(None) };
+}
+
+/// The thread's ids before the switch; `None`: that one was not changed.
 struct Saved {
     uid: Option<u32>,
     gid: Option<u32>,
-    groups: Option<Vec<u32>>,
 }
 
-/// Whether `have` and `want` hold the same ids (either may repeat one).
-fn same_set<'a>(have: &[u32], want: impl Iterator<Item = &'a u32> + Clone) -> bool {
-    want.clone().all(|g| have.contains(g)) && have.iter().all(|g| want.clone().any(|w| w == g))
+/// Whether `have` and `want` hold the same ids besides `primary` (either may repeat one).
+fn same_besides(have: &[u32], want: &[u32], primary: u32) -> bool {
+    let covers = |a: &[u32], b: &[u32]| a.iter().all(|g| *g == primary || b.contains(g));
+    covers(have, want) && covers(want, have)
 }
 
 /// While it lives, the thread's filesystem calls are checked as the user's. Not `Send`: the
@@ -92,16 +109,15 @@ pub struct AsUser {
 }
 
 impl Drop for AsUser {
-    /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid and the
-    /// groups. A thread left with a user's credentials would serve the next request with them,
+    /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid; the
+    /// groups stay (module documentation). A thread left with a user's credentials would serve the next request with them,
     /// so a failure here (which cannot happen to a thread whose uid is 0) aborts the daemon.
     fn drop(&mut self) {
         let saved = &self.saved;
         let restored = saved
             .uid
             .map_or(Ok(0), creds::set_fsuid)
-            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid))
-            .and_then(|_| saved.groups.as_deref().map_or(Ok(()), creds::set_groups));
+            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid));
         if let Err(error) = restored {
             log::line(format_args!(
                 "fatal: cannot restore the daemon's own filesystem credentials: {error}"
@@ -239,11 +255,15 @@ mod tests {
             let error = std::fs::read(&secret).unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::PermissionDenied);
         }
+        assert_eq!((creds::fsuid(), creds::fsgid()), (before.0, before.1));
+        assert_eq!(creds::groups().unwrap(), vec![50, 4343], "the groups stay");
         assert_eq!(
-            (creds::fsuid(), creds::fsgid(), creds::groups().unwrap()),
-            before
+            std::fs::read(&secret).unwrap(),
+            b"s",
+            "root's rights are back"
         );
-        assert_eq!(std::fs::read(&secret).unwrap(), b"s");
+        creds::set_groups(&before.2).unwrap();
+        THREAD_GROUPS.with(|known| *known.borrow_mut() = None);
         // A user without supplementary groups, on a thread without any: only the ids change,
         // and the group check still sees the primary group (through the fsgid).
         if before.2.is_empty() {
@@ -266,10 +286,22 @@ mod tests {
     }
 
     #[test]
-    fn sets_compare_members_only() {
-        assert!(same_set(&[], [].iter()));
-        assert!(same_set(&[5, 6], [6, 5, 5].iter()));
-        assert!(!same_set(&[5], [5, 6].iter()));
-        assert!(!same_set(&[5, 6], [5].iter()));
+    fn sets_compare_members_besides_the_primary_group() {
+        assert!(same_besides(&[], &[], 7));
+        assert!(same_besides(&[5, 6], &[6, 5, 5], 7));
+        assert!(
+            same_besides(&[], &[7], 7),
+            "the fsgid covers the primary group"
+        );
+        assert!(
+            same_besides(&[5, 7], &[5], 7),
+            "the same user's set, left from a call"
+        );
+        assert!(!same_besides(&[5], &[5, 6], 7));
+        assert!(!same_besides(&[5, 6], &[5], 7));
+        assert!(
+            !same_besides(&[5, 8], &[5], 7),
+            "another user's primary group"
+        );
     }
 }
