@@ -233,12 +233,15 @@ fn a_stream_with_gzip_both_ways_compresses_only_what_is_worth_it() {
 
 fn varint(mut n: u64) -> Vec<u8> {
     let mut out = Vec::new();
-    while n >= 0x80 {
-        out.push((n & 0x7f) as u8 | 0x80);
+    loop {
+        let low = u8::try_from(n & 0x7f).unwrap();
         n >>= 7;
+        if n == 0 {
+            out.push(low);
+            return out;
+        }
+        out.push(low | 0x80);
     }
-    out.push(n as u8);
-    out
 }
 
 /// A length-delimited protobuf field.
