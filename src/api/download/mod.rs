@@ -17,6 +17,8 @@
 //!   `.txt` as HTML.
 
 pub(crate) mod conditional;
+pub(crate) mod encoding;
+mod gzip;
 mod headers;
 pub(crate) mod range;
 
@@ -30,9 +32,11 @@ use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::FsError;
 use crate::http::date;
+use crate::http::stream;
 use crate::http::{Head, Response, ResponseBody};
 
 use conditional::{Conditions, Outcome, Validators};
+use encoding::{Accept, Coding};
 use range::Range;
 
 /// Answers `GET` or `HEAD /files`.
@@ -127,7 +131,19 @@ fn respond(
         metadata.mtime(),
         metadata.mtime_nsec(),
     );
+    let gzip_etag = headers::gzip_etag(&etag);
     let modified = headers::last_modified(metadata.mtime(), now);
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy())
+        .unwrap_or_default();
+    let content_type = headers::content_type(&name);
+    let is_get = head.method() == "GET";
+    let (coding, slot) = negotiate(head, is_get, size, content_type, path)?;
+    let shown_etag = match coding {
+        Coding::Identity => etag.as_str(),
+        Coding::Gzip => gzip_etag.as_str(),
+    };
     let if_match = joined(head, "if-match");
     let if_none_match = joined(head, "if-none-match");
     let conditions = Conditions {
@@ -139,6 +155,7 @@ fn respond(
     };
     let validators = Validators {
         etag: &etag,
+        other_form: Some(&gzip_etag),
         mtime: modified,
         now,
     };
@@ -150,12 +167,39 @@ fn respond(
             ))
         }
         Outcome::NotModified => {
-            let response = Response::empty(304).with_header("ETag", etag);
+            let response = Response::empty(304)
+                .with_header("ETag", shown_etag.to_owned())
+                .with_header("Vary", VARY);
             return Ok(with_last_modified(response, modified));
         }
         Outcome::Proceed { range_allowed } => range_allowed,
     };
-    let range_header = joined(head, "range").filter(|_| range_allowed && head.method() == "GET");
+    let described = |status: u16, body: ResponseBody| {
+        let response = Response::new(status, body)
+            .with_header("Content-Type", content_type)
+            .with_header("Content-Disposition", headers::content_disposition(&name))
+            .with_header("ETag", shown_etag.to_owned())
+            .with_header("Vary", VARY)
+            .with_header("X-Content-Type-Options", "nosniff");
+        with_last_modified(response, modified)
+    };
+    if coding == Coding::Gzip {
+        // A GET's body is compressed as it is sent; a HEAD has none (chunked like its GET, so
+        // no `Content-Length`). No `Accept-Ranges`: ranges are of the file as it is, never of
+        // this form, and a client resuming a gzip transfer must not be told otherwise.
+        let body = match slot {
+            Some(slot) => gzip::start(file, size, path.to_path_buf(), slot),
+            None => {
+                let (sender, source) = stream::channel(0);
+                sender.finish();
+                source
+            }
+        };
+        return Ok(
+            described(200, ResponseBody::Stream(body)).with_header("Content-Encoding", "gzip")
+        );
+    }
+    let range_header = joined(head, "range").filter(|_| range_allowed && is_get);
     let range = range_header
         .as_deref()
         .map_or(Range::Whole, |value| range::parse(value.as_bytes(), size));
@@ -171,27 +215,71 @@ fn respond(
                     path.display()
                 ),
             );
-            return Ok(
-                Response::from(error).with_header("Content-Range", format!("bytes */{size}"))
-            );
+            return Ok(Response::from(error)
+                .with_header("Content-Range", format!("bytes */{size}"))
+                .with_header("Vary", VARY));
         }
     };
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy())
-        .unwrap_or_default();
-    let mut response = Response::new(status, ResponseBody::File { file, offset, len })
-        .with_header("Content-Type", headers::content_type(&name))
-        .with_header("Content-Disposition", headers::content_disposition(&name))
-        .with_header("ETag", etag)
-        .with_header("Accept-Ranges", "bytes")
-        .with_header("X-Content-Type-Options", "nosniff");
-    response = with_last_modified(response, modified);
+    let mut response = described(status, ResponseBody::File { file, offset, len })
+        .with_header("Accept-Ranges", "bytes");
     if status == 206 {
         let end = offset + len - 1;
         response = response.with_header("Content-Range", format!("bytes {offset}-{end}/{size}"));
     }
     Ok(response)
+}
+
+/// Every answer that describes the file depends on `Accept-Encoding` (`identity;q=0` gets even a
+/// small file compressed), so every one says so.
+const VARY: &str = "Accept-Encoding";
+
+/// The coding of the answer (SPEC §6), with the compressed download's place for a GET in gzip:
+/// gzip when the client prefers it and the file is worth compressing (`gzip::MIN_SIZE` bytes
+/// or more, of a type not compressed already, and no `Range` or `If-Range` on a GET, whose
+/// bytes are the file's), else identity, else gzip when the client refused identity; 406 when
+/// it accepts neither. With every compressed download's place taken, identity when acceptable,
+/// else 503. A HEAD takes no place; it says what a GET would get now.
+fn negotiate(
+    head: &Head,
+    is_get: bool,
+    size: u64,
+    content_type: &str,
+    path: &Path,
+) -> Result<(Coding, Option<gzip::Slot>), ApiError> {
+    let header = joined(head, "accept-encoding");
+    let accept = Accept::parse(header.as_deref().map(str::as_bytes));
+    let asks_range =
+        is_get && (head.header("range").is_some() || head.header("if-range").is_some());
+    let worth = size >= gzip::MIN_SIZE && headers::compressible(content_type) && !asks_range;
+    let Some(coding) = accept.choose(worth) else {
+        return Err(ApiError::new(
+            406,
+            format!(
+                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
+                 codings sandboxd sends, gzip and identity",
+                path.display(),
+                header.unwrap_or_default()
+            ),
+        ));
+    };
+    if coding == Coding::Identity {
+        return Ok((coding, None));
+    }
+    let slot = if is_get { gzip::Slot::take() } else { None };
+    if slot.is_some() || (!is_get && gzip::Slot::available()) {
+        return Ok((Coding::Gzip, slot));
+    }
+    if accept.identity_acceptable() {
+        return Ok((Coding::Identity, None));
+    }
+    Err(ApiError::new(
+        503,
+        format!(
+            "too many compressed downloads under way (at most {}): try again later, or accept \
+             identity",
+            gzip::MAX_DOWNLOADS
+        ),
+    ))
 }
 
 /// Adds `Last-Modified` when the file has a date to show (`headers::last_modified`).
