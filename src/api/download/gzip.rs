@@ -334,10 +334,13 @@ impl Job {
         let len = usize::try_from(left).map_or(PIECE, |left| left.min(PIECE));
         let input = &mut work.input[..len];
         read_exact_at(&self.file, input, self.offset).map_err(|e| match e {
-            ReadError::Shrank(at) => format!(
-                "the file shrank to {at} bytes while it was sent ({} expected)",
-                self.size
-            ),
+            ReadError::Shrank(at) => {
+                let now = self.file.metadata().map_or(at, |m| m.len());
+                format!(
+                    "the file shrank to {now} bytes while it was sent (it had {} when opened)",
+                    self.size
+                )
+            }
             ReadError::Io(e) => format!("reading at byte {}: {e}", self.offset),
         })?;
         self.crc.update(input);
