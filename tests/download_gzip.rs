@@ -686,8 +686,9 @@ fn a_file_that_shrinks_while_compressed_cuts_the_answer() {
 #[test]
 fn past_the_bound_on_compressed_downloads_the_plain_file_or_503() {
     let daemon = start();
-    // Incompressible bytes in a text file: each stalled answer stays as large as the file.
-    let contents = noise(8 * MIB);
+    // Incompressible bytes in a text file, more than the socket buffers take (about 4 MiB
+    // here): each stalled answer stays unfinished.
+    let contents = noise(16 * MIB);
     write_file(&daemon.home().join("n.txt"), &contents);
     let target = files("n.txt");
     let held: Vec<_> = (0..MAX_DOWNLOADS)
@@ -732,4 +733,53 @@ fn past_the_bound_on_compressed_downloads_the_plain_file_or_503() {
     let (gzip, complete) = dechunk(&rest_of(&mut reader));
     assert!(complete);
     assert!(gunzip(&gzip) == contents);
+}
+
+#[test]
+fn stalled_compressed_downloads_give_their_places_back_at_the_send_timeout() {
+    let daemon = builder().arg("--send-timeout").arg("1").start();
+    // Larger than what the socket buffers take (about 4 MiB here), and incompressible.
+    let contents = noise(16 * MIB);
+    write_file(&daemon.home().join("n.txt"), &contents);
+    let target = files("n.txt");
+    let held: Vec<_> = (0..MAX_DOWNLOADS)
+        .map(|_| start_gzip_download(&daemon, &target, "gzip").0)
+        .collect();
+    let refusing = [("Accept-Encoding", "gzip, identity;q=0")];
+    assert_eq!(fetch(&daemon, "HEAD", &target, &refusing).status, 503);
+    // Nobody reads: a second after its last progress each connection is closed, cut short
+    // (its access-log line is written then), and its place comes back.
+    let closed = || {
+        daemon
+            .log()
+            .iter()
+            .filter(|line| line.contains(" GET /files?path=n.txt"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while closed() < MAX_DOWNLOADS {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {MAX_DOWNLOADS} closed",
+            closed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(fetch(&daemon, "HEAD", &target, &refusing).status, 200);
+    for mut reader in held {
+        let (gzip, complete) = dechunk(&rest_of(&mut reader));
+        assert!(
+            !complete && gzip.len() < contents.len(),
+            "{complete} {} of {}",
+            gzip.len(),
+            contents.len()
+        );
+    }
+    // All of them again: every place came back.
+    let again: Vec<_> = (0..MAX_DOWNLOADS)
+        .map(|_| start_gzip_download(&daemon, &target, "gzip").1)
+        .collect();
+    for head in again {
+        assert_eq!(head.header("content-encoding"), Some("gzip"));
+    }
 }

@@ -67,7 +67,8 @@ const QUEUE: usize = ROOM + (64 << 10);
 /// gzip's member header (RFC 1952): magic, deflate, no flags, no time, fastest, Unix.
 const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 3];
 
-/// Compressed downloads under way (a [`Slot`] each).
+/// Compressed answers held (a [`Slot`] each): from the request until the connection lets go of
+/// the answer.
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// One of the [`MAX_DOWNLOADS`] places, given back when dropped.
@@ -101,6 +102,9 @@ impl Drop for Slot {
 /// returns the answer's body.
 pub fn start(file: File, size: u64, path: PathBuf, slot: Slot) -> StreamSource {
     let (sender, source) = stream::channel(QUEUE);
+    // The place is held until the connection lets go of the answer, not only while the job
+    // runs: a finished job's last output may still wait in the queue for a stalled client.
+    sender.on_release(move || drop(slot));
     // A slot is only taken with the executor running; without it, the sender is dropped
     // unfinished here and the answer cut.
     let Some(executor) = executor() else {
@@ -118,7 +122,6 @@ pub fn start(file: File, size: u64, path: PathBuf, slot: Slot) -> StreamSource {
         sender: Some(sender),
         pending: Vec::new(),
         path,
-        _slot: slot,
     });
     drop(jobs);
     executor.ready.notify_one();
@@ -272,7 +275,6 @@ struct Job {
     /// Compressed bytes the queue could not take (only if a piece outgrew [`ROOM`]).
     pending: Vec<u8>,
     path: PathBuf,
-    _slot: Slot,
 }
 
 impl Job {
