@@ -429,3 +429,155 @@ fn read_exact_at(file: &File, buffer: &mut [u8], offset: u64) -> Result<(), Read
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use flate2::read::GzDecoder;
+
+    use super::*;
+
+    fn work() -> Work {
+        Work {
+            compressor: Compress::new(Compression::new(LEVEL), false),
+            input: vec![0; PIECE],
+            output: Vec::new(),
+        }
+    }
+
+    fn job(contents: &[u8]) -> (Job, StreamSource, tempfile::NamedTempFile) {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(contents).unwrap();
+        let (sender, source) = stream::channel(QUEUE);
+        let job = Job {
+            id: 0,
+            file: file.reopen().unwrap(),
+            size: contents.len() as u64,
+            offset: 0,
+            crc: Crc::new(),
+            sender: Some(sender),
+            pending: Vec::new(),
+            path: file.path().to_path_buf(),
+        };
+        (job, source, file)
+    }
+
+    /// Every piece's output, then the trailer, as `step` queues them.
+    fn compress_all(contents: &[u8]) -> Vec<u8> {
+        let (mut job, _source, _file) = job(contents);
+        let mut work = work();
+        let mut out = Vec::new();
+        loop {
+            job.compress_piece(&mut work).unwrap();
+            assert!(work.output.len() <= ROOM, "{} > {ROOM}", work.output.len());
+            out.extend_from_slice(&work.output);
+            if job.offset == job.size {
+                out.extend_from_slice(&job.crc.sum().to_le_bytes());
+                out.extend_from_slice(&job.crc.amount().to_le_bytes());
+                return out;
+            }
+        }
+    }
+
+    fn gunzip(gzip: &[u8]) -> Vec<u8> {
+        let mut decoder = GzDecoder::new(gzip);
+        let mut out = Vec::new();
+        decoder.read_to_end(&mut out).expect("valid gzip");
+        assert!(decoder.into_inner().is_empty(), "bytes after the member");
+        out
+    }
+
+    fn noise(len: usize) -> Vec<u8> {
+        let mut x = 0x853c_49e6_748f_ea9b_u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()[5]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pieces_compressed_apart_make_one_valid_member() {
+        let text: Vec<u8> = (0..400_000u32)
+            .flat_map(|i| format!("line {i} value {}\n", i % 977).into_bytes())
+            .collect();
+        for len in [
+            0,
+            1,
+            1000,
+            PIECE - 1,
+            PIECE,
+            PIECE + 1,
+            3 * PIECE + 17,
+            text.len(),
+        ] {
+            let contents = &text[..len.min(text.len())];
+            let gzip = compress_all(contents);
+            assert_eq!(&gzip[..10], &HEADER);
+            assert!(gunzip(&gzip) == contents, "{len}");
+        }
+        // Compressed to well under half, pieces and their flushes included.
+        assert!(compress_all(&text).len() < text.len() / 3);
+    }
+
+    #[test]
+    fn incompressible_pieces_stay_within_room() {
+        let contents = noise(3 * PIECE + 5);
+        let gzip = compress_all(&contents);
+        assert!(gunzip(&gzip) == contents);
+    }
+
+    #[test]
+    fn a_file_that_shrinks_between_pieces_is_an_error() {
+        let contents = noise(2 * PIECE + 10);
+        let (mut job, _source, file) = job(&contents);
+        let mut work = work();
+        job.compress_piece(&mut work).unwrap();
+        file.as_file().set_len(PIECE as u64 + 100).unwrap();
+        let error = job.compress_piece(&mut work).unwrap_err();
+        assert_eq!(
+            error,
+            format!(
+                "the file shrank to {} bytes while it was sent (it had {} when opened)",
+                PIECE + 100,
+                2 * PIECE + 10
+            )
+        );
+    }
+
+    #[test]
+    fn a_job_stops_at_a_full_queue_and_when_its_client_leaves() {
+        let text: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("{i}\n").into_bytes())
+            .collect();
+        let contents: Vec<u8> = noise(8 * PIECE);
+        let (mut job, source, _file) = job(&contents);
+        let mut work = work();
+        // Nobody takes the queue: one piece of noise fits, the next must wait.
+        assert!(matches!(job.step(&mut work), Next::More));
+        assert!(matches!(job.step(&mut work), Next::Wait(ROOM)));
+        assert_eq!(job.offset, PIECE as u64);
+        drop(source);
+        assert!(matches!(job.step(&mut work), Next::Done));
+        // A small file: one step queues it all and finishes.
+        let (mut job, _source, _file) = self::job(&text[..5000]);
+        assert!(matches!(job.step(&mut work), Next::Done));
+        assert!(job.sender.is_none(), "finished");
+    }
+
+    #[test]
+    fn places_are_bounded_and_given_back() {
+        let held: Vec<Slot> = std::iter::from_fn(Slot::take)
+            .take(MAX_DOWNLOADS + 1)
+            .collect();
+        assert_eq!(held.len(), MAX_DOWNLOADS);
+        assert!(!Slot::available());
+        drop(held);
+        assert!(Slot::available());
+        assert!(Slot::take().is_some());
+    }
+}

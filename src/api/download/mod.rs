@@ -1,10 +1,16 @@
 //! `GET` and `HEAD /files`: downloading a file (SPEC §6).
 //!
 //! This module owns the handler: it checks access (token or signed URL), resolves the path, opens
-//! the file without ever blocking, evaluates the conditional headers and `Range`, and returns a
-//! response whose body is the open file, which the HTTP layer sends with `sendfile(2)`. Parsing
-//! of `Range` (`range`), conditional evaluation (`conditional`) and the descriptive headers
-//! (`headers`) are pure and live in the submodules.
+//! the file without ever blocking, picks the coding from `Accept-Encoding`, evaluates the
+//! conditional headers and `Range`, and returns a response whose body is the open file, which
+//! the HTTP layer sends with `sendfile(2)`, or its gzip form, compressed as it is sent
+//! (`gzip`). Parsing of `Range` (`range`) and `Accept-Encoding` (`encoding`), conditional
+//! evaluation (`conditional`) and the descriptive headers (`headers`) are pure and live in the
+//! submodules.
+//!
+//! The order of decisions once the file is open: the coding (406), the conditions against the
+//! form chosen (412, 304 with that form's ETag), a place for a compressed GET (else identity, or
+//! 503), then `Range` for identity (206, 416).
 //!
 //! Decisions beyond SPEC §6:
 //! - `Range` and `If-Range` are honoured for GET only: RFC 9110 §14.2 defines range handling for
@@ -139,10 +145,22 @@ fn respond(
         .unwrap_or_default();
     let content_type = headers::content_type(&name);
     let is_get = head.method() == "GET";
-    let (coding, slot) = negotiate(head, is_get, size, content_type, path)?;
-    let shown_etag = match coding {
-        Coding::Identity => etag.as_str(),
-        Coding::Gzip => gzip_etag.as_str(),
+    let accept_header = joined(head, "accept-encoding");
+    let accept = Accept::parse(accept_header.as_deref().map(str::as_bytes));
+    let coding = choose_coding(head, &accept, is_get, size, content_type).ok_or_else(|| {
+        ApiError::new(
+            406,
+            format!(
+                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
+                 codings sandboxd sends, gzip and identity",
+                path.display(),
+                accept_header.unwrap_or_default()
+            ),
+        )
+    })?;
+    let etag_of = |coding| match coding {
+        Coding::Identity => etag.clone(),
+        Coding::Gzip => gzip_etag.clone(),
     };
     let if_match = joined(head, "if-match");
     let if_none_match = joined(head, "if-none-match");
@@ -168,17 +186,21 @@ fn respond(
         }
         Outcome::NotModified => {
             let response = Response::empty(304)
-                .with_header("ETag", shown_etag.to_owned())
+                .with_header("ETag", etag_of(coding))
                 .with_header("Vary", VARY);
             return Ok(with_last_modified(response, modified));
         }
         Outcome::Proceed { range_allowed } => range_allowed,
     };
+    let (coding, slot) = match coding {
+        Coding::Gzip => take_place(is_get, &accept)?,
+        Coding::Identity => (Coding::Identity, None),
+    };
     let described = |status: u16, body: ResponseBody| {
         let response = Response::new(status, body)
             .with_header("Content-Type", content_type)
             .with_header("Content-Disposition", headers::content_disposition(&name))
-            .with_header("ETag", shown_etag.to_owned())
+            .with_header("ETag", etag_of(coding))
             .with_header("Vary", VARY)
             .with_header("X-Content-Type-Options", "nosniff");
         with_last_modified(response, modified)
@@ -233,38 +255,26 @@ fn respond(
 /// small file compressed), so every one says so.
 const VARY: &str = "Accept-Encoding";
 
-/// The coding of the answer (SPEC §6), with the compressed download's place for a GET in gzip:
-/// gzip when the client prefers it and the file is worth compressing (`gzip::MIN_SIZE` bytes
-/// or more, of a type not compressed already, and no `Range` or `If-Range` on a GET, whose
-/// bytes are the file's), else identity, else gzip when the client refused identity; 406 when
-/// it accepts neither. With every compressed download's place taken, identity when acceptable,
-/// else 503. A HEAD takes no place; it says what a GET would get now.
-fn negotiate(
+/// The coding of the answer (SPEC §6): gzip when the client prefers it and the file is worth
+/// compressing (`gzip::MIN_SIZE` bytes or more, of a type not compressed already, and no `Range`
+/// or `If-Range` on a GET, whose positions are the file's bytes), else identity, else gzip when
+/// the client refused identity; `None` (406) when it accepts neither.
+fn choose_coding(
     head: &Head,
+    accept: &Accept,
     is_get: bool,
     size: u64,
     content_type: &str,
-    path: &Path,
-) -> Result<(Coding, Option<gzip::Slot>), ApiError> {
-    let header = joined(head, "accept-encoding");
-    let accept = Accept::parse(header.as_deref().map(str::as_bytes));
+) -> Option<Coding> {
     let asks_range =
         is_get && (head.header("range").is_some() || head.header("if-range").is_some());
     let worth = size >= gzip::MIN_SIZE && headers::compressible(content_type) && !asks_range;
-    let Some(coding) = accept.choose(worth) else {
-        return Err(ApiError::new(
-            406,
-            format!(
-                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
-                 codings sandboxd sends, gzip and identity",
-                path.display(),
-                header.unwrap_or_default()
-            ),
-        ));
-    };
-    if coding == Coding::Identity {
-        return Ok((coding, None));
-    }
+    accept.choose(worth)
+}
+
+/// A compressed download's place for a GET in gzip (a HEAD takes none: it says what a GET
+/// would get now). With every place taken: identity when the client accepts it, else 503.
+fn take_place(is_get: bool, accept: &Accept) -> Result<(Coding, Option<gzip::Slot>), ApiError> {
     let slot = if is_get { gzip::Slot::take() } else { None };
     if slot.is_some() || (!is_get && gzip::Slot::available()) {
         return Ok((Coding::Gzip, slot));
