@@ -438,7 +438,10 @@ fn every_worker_is_back_to_root_after_each_call() {
     );
     let gzip = daemon.call_with(
         "GET",
-        &format!("/files?path={}&username=user", path_of(&home.join("log.txt"))),
+        &format!(
+            "/files?path={}&username=user",
+            path_of(&home.join("log.txt"))
+        ),
         &[("X-Access-Token", TOKEN), ("Accept-Encoding", "gzip")],
         b"",
     );
