@@ -325,6 +325,40 @@ mod tests {
     }
 
     #[test]
+    fn any_text_gives_a_coding_only_if_the_header_accepts_it() {
+        // Pieces of well-formed and broken headers, strung together at random.
+        const PIECES: &[&str] = &[
+            "gzip", "x-gzip", "GZIP", "identity", "*", "br", ";q=", ";Q=", " ; q=", "0", "1", ".",
+            "5", "000", ",", ", ", " ", "\t", "=", ";", "q", "\"",
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut value = Vec::new();
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            value.clear();
+            for i in 0..(x % 12) {
+                let pick = usize::try_from((x >> (i * 5)) % PIECES.len() as u64).unwrap();
+                value.extend_from_slice(PIECES[pick].as_bytes());
+            }
+            let accept = Accept::parse(Some(&value));
+            for worth in [false, true] {
+                match accept.choose(worth) {
+                    Some(Coding::Gzip) => assert!(accept.gzip_acceptable()),
+                    Some(Coding::Identity) => assert!(accept.identity_acceptable()),
+                    None => assert!(!accept.gzip_acceptable() && !accept.identity_acceptable()),
+                }
+            }
+            // Worth compressing never turns gzip into identity.
+            if accept.choose(false) == Some(Coding::Gzip) {
+                assert_eq!(accept.choose(true), Some(Coding::Gzip));
+            }
+            assert!(accept.gzip <= 1000 && accept.identity.is_none_or(|w| w <= 1000));
+        }
+    }
+
+    #[test]
     fn fields_joined_by_the_handler_read_as_one_list() {
         assert_eq!(weights("br,gzip;q=0.7"), (700, None));
         assert_eq!(weights("identity;q=0,gzip"), (1000, Some(0)));
