@@ -3,7 +3,7 @@
 //! Each function feeds arbitrary input to one parser and checks the invariants that must hold
 //! for any input; a panic or a failed assertion is a finding.
 
-use crate::api::download::{conditional, range};
+use crate::api::download::{conditional, encoding, range};
 use crate::http::query::{self, Query};
 use crate::stats::{affinity, cgroup_detect, cgroup_v1, cgroup_v2, meminfo, proc_stat};
 
@@ -21,7 +21,8 @@ pub fn query(data: &[u8]) {
     }
 }
 
-/// `Range` and the conditional headers against a file of a size taken from the input.
+/// `Range`, the conditional headers and `Accept-Encoding` against a file of a size taken from
+/// the input. A coding is chosen only if the header accepts it.
 pub fn range_and_conditions(data: &[u8]) {
     if data.len() < 8 {
         return;
@@ -41,8 +42,17 @@ pub fn range_and_conditions(data: &[u8]) {
         if_unmodified_since: next(),
         if_range: next(),
     };
+    let accept = encoding::Accept::parse(Some(rest));
+    for worth in [false, true] {
+        match accept.choose(worth) {
+            Some(encoding::Coding::Gzip) => assert!(accept.gzip_acceptable()),
+            Some(encoding::Coding::Identity) => assert!(accept.identity_acceptable()),
+            None => assert!(!accept.gzip_acceptable() && !accept.identity_acceptable()),
+        }
+    }
     let validators = conditional::Validators {
         etag: "\"1-2-3-4\"",
+        other_form: Some("W/\"1-2-3-4-gzip\""),
         mtime: Some(1_700_000_000),
         now: 1_700_000_100,
     };

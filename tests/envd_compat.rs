@@ -78,10 +78,11 @@ fn answers_to_requests_with_origin_carry_cors_headers() {
     assert_eq!(reply.header("access-control-allow-origin"), None);
     assert_eq!(reply.header("access-control-expose-headers"), None);
     assert_eq!(reply.header("vary"), None);
-    // A download a cache may keep varies on Origin, with and without it.
+    // A download a cache may keep varies on Origin, with and without it (and on
+    // Accept-Encoding, which picks its coding: SPEC §6).
     let reply = daemon.get("/files?path=a.txt&username=user");
     assert_eq!(reply.body, b"abc");
-    assert_eq!(reply.header("vary"), Some("Origin"));
+    assert_eq!(reply.header("vary"), Some("Accept-Encoding, Origin"));
     assert_eq!(reply.header("access-control-allow-origin"), None);
 }
 

@@ -431,6 +431,21 @@ fn every_worker_is_back_to_root_after_each_call() {
         upload(&daemon, &home.join("first"), "user", b"1").status,
         200
     );
+    // A compressed download starts the gzip threads.
+    assert_eq!(
+        upload(&daemon, &home.join("log.txt"), "user", &[b'a'; 4096]).status,
+        200
+    );
+    let gzip = daemon.call_with(
+        "GET",
+        &format!(
+            "/files?path={}&username=user",
+            path_of(&home.join("log.txt"))
+        ),
+        &[("X-Access-Token", TOKEN), ("Accept-Encoding", "gzip")],
+        b"",
+    );
+    assert_eq!(gzip.header("content-encoding"), Some("gzip"));
     let (code, watch) = watch_dir_end(&daemon, &home, AS_USER);
     assert_eq!(code, "none");
     std::thread::scope(|scope| {
@@ -472,6 +487,7 @@ fn every_worker_is_back_to_root_after_each_call() {
     let names: Vec<&str> = after.iter().map(|(name, _, _)| name.as_str()).collect();
     assert!(names.contains(&"sweeper"), "{names:?}");
     assert!(names.contains(&"sandboxd-watch"), "{names:?}");
+    assert!(names.contains(&"sandboxd-gzip-0"), "{names:?}");
     let owner = |name: &str| fs::metadata(locked.join(name)).unwrap().uid();
     assert_eq!(owner("f3-24"), 0);
 }

@@ -19,6 +19,8 @@ mod docs;
 mod hardening_fs;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
+// GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.
+mod download_gzip;
 // What envd's clients rely on beyond the routes: CORS, /init, -version, Connect paths.
 mod envd_compat;
 // --fs-as-user: file routes and filesystem calls with the caller's rights; workers back to root.

@@ -67,7 +67,15 @@ fn add_headers(has_origin: bool, response: &mut Response) {
         name.eq_ignore_ascii_case("etag") || name.eq_ignore_ascii_case("last-modified")
     });
     if cacheable {
-        response.headers.push(("Vary", "Origin".into()));
+        // One `Vary` field: appended to the handler's (a download's `Accept-Encoding`).
+        match response
+            .headers
+            .iter_mut()
+            .find(|(name, _)| name.eq_ignore_ascii_case("vary"))
+        {
+            Some((_, value)) => *value = format!("{value}, Origin").into(),
+            None => response.headers.push(("Vary", "Origin".into())),
+        }
     }
     if has_origin {
         response
@@ -233,6 +241,18 @@ mod tests {
             let mut response = Response::empty(200).with_header("ETag", "\"1\"");
             decorate(&head(request), &mut response);
             assert_eq!(header(&response, "vary"), Some("Origin"), "{request}");
+            // A download's own `Vary` is extended, not repeated.
+            let mut response = Response::empty(200)
+                .with_header("ETag", "\"1\"")
+                .with_header("Vary", "Accept-Encoding");
+            decorate(&head(request), &mut response);
+            let vary: Vec<_> = response
+                .headers
+                .iter()
+                .filter(|(name, _)| name.eq_ignore_ascii_case("vary"))
+                .map(|(_, value)| value.as_ref())
+                .collect();
+            assert_eq!(vary, ["Accept-Encoding, Origin"], "{request}");
         }
     }
 }

@@ -10,7 +10,8 @@
 //! and the producer decides what that means for it: give up, or hold back and wait for room
 //! ([`wait_for_room`](StreamSender::wait_for_room) calls it back when the connection takes the
 //! queued bytes or the client leaves). When the client is gone, `send` fails with
-//! [`SendError::Closed`].
+//! [`SendError::Closed`]. A producer that counts what its streams hold can learn when the
+//! connection lets go of one ([`on_release`](StreamSender::on_release)), finished or not.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,6 +33,7 @@ pub fn channel(capacity: usize) -> (StreamSender, StreamSource) {
             source_gone: false,
             waiter: None,
             producer_waiter: None,
+            on_release: None,
         }),
     });
     (
@@ -88,6 +90,8 @@ struct State {
     waiter: Option<Waker>,
     /// The producer waiting for room, if it is.
     producer_waiter: Option<Waker>,
+    /// Called when the connection drops its end.
+    on_release: Option<Waker>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +156,20 @@ impl StreamSender {
         }
         state.producer_waiter = Some(Box::new(wake));
         false
+    }
+
+    /// Calls `released` once, when the connection drops the body's end: every byte sent, or the
+    /// answer cut, or the client gone; at once if it already has. The call outlives this sender
+    /// (a finished body may still be being sent), so a producer can bound how many bodies are
+    /// held, not only how many it is producing. Replaces any callback kept before.
+    pub fn on_release(&self, released: impl FnOnce() + Send + 'static) {
+        let mut state = self.shared.lock();
+        if state.source_gone {
+            drop(state);
+            released();
+        } else {
+            state.on_release = Some(Box::new(released));
+        }
     }
 
     /// Ends the body once the queued bytes are sent.
@@ -222,15 +240,18 @@ impl StreamSource {
 
 impl Drop for StreamSource {
     fn drop(&mut self) {
-        let producer = {
+        let (producer, released) = {
             let mut state = self.shared.lock();
             state.source_gone = true;
             state.queued = Vec::new();
             state.waiter = None;
-            state.producer_waiter.take()
+            (state.producer_waiter.take(), state.on_release.take())
         };
         if let Some(wake) = producer {
             wake();
+        }
+        if let Some(released) = released {
+            released();
         }
     }
 }
@@ -344,6 +365,35 @@ mod tests {
             panic!("data");
         };
         assert_eq!(kept, b"a");
+    }
+
+    #[test]
+    fn release_is_told_when_the_source_goes_even_after_the_sender() {
+        let released = Arc::new(AtomicUsize::new(0));
+        let (sender, source) = channel(16);
+        let count = Arc::clone(&released);
+        sender.on_release(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        sender.send(b"last").unwrap();
+        sender.finish();
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "still held by the connection"
+        );
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(_)));
+        drop(source);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+        // Asked after the source is gone: called at once.
+        let (sender, source) = channel(16);
+        drop(source);
+        let count = Arc::clone(&released);
+        sender.on_release(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(released.load(Ordering::SeqCst), 2);
     }
 
     #[test]

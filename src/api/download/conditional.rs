@@ -9,6 +9,10 @@
 //! - A date that is not an IMF-fixdate makes its header absent (RFC 9110 §13.1.3-4 MUST ignore).
 //! - A malformed entity-tag list matches nothing: `If-Match` then fails (412) and
 //!   `If-None-Match` lets the request through; both are the safe side.
+//! - A file version has two forms, the file as it is and its gzip form, each with its ETag
+//!   (`headers::gzip_etag`). `If-None-Match` is true for either (a client holding either form
+//!   holds this version: 304); `If-Match` and `If-Range` compare with the file's own strong
+//!   ETag only, the one that names its bytes.
 //! - `If-Range` with a date counts only when that date equals `Last-Modified` and the file was
 //!   last changed before the current second, so that a change later in the same second cannot
 //!   be mistaken for the validated version (the date is then a strong validator, §13.1.4).
@@ -34,6 +38,8 @@ pub struct Conditions<'a> {
 pub struct Validators<'a> {
     /// The strong entity-tag, quotes included: `"..."`.
     pub etag: &'a str,
+    /// The entity-tag of the version's other form (its gzip form), matched by `If-None-Match`.
+    pub other_form: Option<&'a str>,
     /// What `Last-Modified` shows, Unix seconds; `None` when it is not sent.
     pub mtime: Option<i64>,
     /// The current time, Unix seconds.
@@ -68,7 +74,10 @@ pub fn evaluate(conditions: &Conditions, file: &Validators) -> Outcome {
     }
     // Step 3 and 4: If-None-Match, else If-Modified-Since.
     if let Some(list) = conditions.if_none_match {
-        if matches_list(list, file.etag, Comparison::Weak) {
+        let other = file.other_form;
+        if matches_list(list, file.etag, Comparison::Weak)
+            || other.is_some_and(|tag| matches_list(list, tag, Comparison::Weak))
+        {
             return Outcome::NotModified;
         }
     } else if let (Some(since), Some(mtime)) = (
@@ -116,7 +125,7 @@ fn matches_list(list: &str, etag: &str, comparison: Comparison) -> bool {
         };
         let equal = match comparison {
             Comparison::Strong => tag.strong_eq(etag),
-            Comparison::Weak => tag.opaque == etag,
+            Comparison::Weak => tag.opaque == etag.strip_prefix("W/").unwrap_or(etag),
         };
         if equal {
             return true;
@@ -191,6 +200,7 @@ mod tests {
     use super::*;
 
     const ETAG: &str = "\"801-2a-400-17a\"";
+    const GZIP_ETAG: &str = "W/\"801-2a-400-17a-gzip\"";
     const MTIME: i64 = 1_700_000_000;
     const AT_MTIME: &str = "Tue, 14 Nov 2023 22:13:20 GMT";
     const BEFORE: &str = "Tue, 14 Nov 2023 22:13:19 GMT";
@@ -199,6 +209,7 @@ mod tests {
     fn file() -> Validators<'static> {
         Validators {
             etag: ETAG,
+            other_form: Some(GZIP_ETAG),
             mtime: Some(MTIME),
             now: MTIME + 100,
         }
@@ -284,6 +295,30 @@ mod tests {
         check("\"x\", W/\"801-2a-400-17a\"", Outcome::NotModified);
         check("\"other\"", SERVE);
         check("garbage", SERVE);
+        // Either form of the version: its gzip form's tag, as sent or as a strong tag.
+        check(GZIP_ETAG, Outcome::NotModified);
+        check("\"801-2a-400-17a-gzip\"", Outcome::NotModified);
+        check("\"x\", W/\"801-2a-400-17a-gzip\"", Outcome::NotModified);
+        check("W/\"801-2a-400-17a-br\"", SERVE);
+    }
+
+    #[test]
+    fn only_the_files_own_tag_passes_if_match_and_if_range() {
+        let conditions = Conditions {
+            if_match: Some(GZIP_ETAG),
+            ..Default::default()
+        };
+        assert_eq!(eval(conditions), Outcome::PreconditionFailed("If-Match"));
+        let conditions = Conditions {
+            if_match: Some("\"801-2a-400-17a-gzip\""),
+            ..Default::default()
+        };
+        assert_eq!(eval(conditions), Outcome::PreconditionFailed("If-Match"));
+        let conditions = Conditions {
+            if_range: Some(GZIP_ETAG),
+            ..Default::default()
+        };
+        assert_eq!(eval(conditions), SERVE_WHOLE);
     }
 
     #[test]

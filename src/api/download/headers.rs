@@ -1,6 +1,6 @@
 //! Header values describing a downloaded file: `Content-Type` from a built-in table of
 //! extensions, `Content-Disposition` from its name, its strong `ETag`, and the time its
-//! `Last-Modified` shows.
+//! `Last-Modified` shows; which types are worth compressing, and the ETag of the compressed form.
 //!
 //! Pure functions of names and numbers; the handler supplies them.
 
@@ -78,6 +78,36 @@ const MIME_TYPES: &[(&str, &str)] = &[
     ("zst", "application/zstd"),
 ];
 
+/// Whether a file of `content_type` (one of [`content_type`]'s answers) is worth compressing.
+///
+/// Not: formats that are compressed already (images but BMP, SVG and icons; audio; video;
+/// archives and compressed streams; WOFF fonts; PDF; Parquet), where gzip spends CPU to gain a
+/// percent or two, or to lose a few bytes. Everything else is, `application/octet-stream`
+/// included: a file without a known extension is as often a log or a `Makefile` as a binary.
+pub fn compressible(content_type: &str) -> bool {
+    let packed = match content_type.split_once('/') {
+        Some(("image", subtype)) => !matches!(subtype, "svg+xml" | "bmp" | "vnd.microsoft.icon"),
+        Some(("audio" | "video", _)) => true,
+        _ => PACKED_TYPES.contains(&content_type),
+    };
+    !packed
+}
+
+/// The types of [`MIME_TYPES`] outside `image/`, `audio/` and `video/` whose bytes are
+/// compressed already.
+const PACKED_TYPES: &[&str] = &[
+    "application/gzip",
+    "application/pdf",
+    "application/vnd.apache.parquet",
+    "application/x-7z-compressed",
+    "application/x-bzip2",
+    "application/x-xz",
+    "application/zip",
+    "application/zstd",
+    "font/woff",
+    "font/woff2",
+];
+
 /// `Content-Disposition: inline` naming `name` (RFC 6266).
 ///
 /// A name of printable ASCII without `"` or `\` is sent quoted as it is, which every client
@@ -110,6 +140,14 @@ pub fn content_disposition(name: &str) -> String {
 pub fn etag(dev: u64, ino: u64, size: u64, mtime_secs: i64, mtime_nsec: i64) -> String {
     let nanos = i128::from(mtime_secs) * 1_000_000_000 + i128::from(mtime_nsec);
     format!("\"{dev:x}-{ino:x}-{size:x}-{nanos:x}\"")
+}
+
+/// The ETag of the gzip form of the file version whose ETag is `etag` (`"..."`): weak, as two
+/// compressors (another level, another release of sandboxd) may give other bytes for the same
+/// file, and with `-gzip` inside the quotes, so no comparison mistakes one form for the other.
+pub fn gzip_etag(etag: &str) -> String {
+    let opaque = etag.strip_prefix('"').and_then(|e| e.strip_suffix('"'));
+    format!("W/\"{}-gzip\"", opaque.unwrap_or(etag))
 }
 
 /// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the first and last instants an IMF-fixdate
@@ -242,6 +280,54 @@ mod tests {
             "inline; filename=\"evil__Set-Cookie: x_.txt\"; \
              filename*=utf-8''evil%0D%0ASet-Cookie%3A%20x%09.txt"
         );
+    }
+
+    #[test]
+    fn compressed_formats_are_not_worth_compressing() {
+        for name in [
+            "a.png",
+            "a.jpg",
+            "a.gif",
+            "a.webp",
+            "a.avif",
+            "a.mp3",
+            "a.wav",
+            "a.ogg",
+            "a.mp4",
+            "a.webm",
+            "a.gz",
+            "a.tgz",
+            "a.zip",
+            "a.7z",
+            "a.bz2",
+            "a.xz",
+            "a.zst",
+            "a.woff",
+            "a.woff2",
+            "a.pdf",
+            "a.parquet",
+        ] {
+            assert!(!compressible(content_type(name)), "{name}");
+        }
+        for name in [
+            "a.txt", "a.log", "a.csv", "a.json", "a.html", "a.svg", "a.bmp", "a.ico", "a.wasm",
+            "a.tar", "a.ttf", "a.otf", "a.py", "Makefile", "a.bin", "a.ipynb",
+        ] {
+            assert!(compressible(content_type(name)), "{name}");
+        }
+        // Every packed type is one the table can give.
+        for packed in PACKED_TYPES {
+            assert!(
+                MIME_TYPES.iter().any(|(_, mime)| mime == packed),
+                "{packed}"
+            );
+        }
+    }
+
+    #[test]
+    fn gzip_etag_is_weak_and_distinct() {
+        assert_eq!(gzip_etag("\"801-2a-400-17a\""), "W/\"801-2a-400-17a-gzip\"");
+        assert_ne!(gzip_etag("\"a\""), "\"a\"");
     }
 
     #[test]

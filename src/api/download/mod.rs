@@ -1,10 +1,16 @@
 //! `GET` and `HEAD /files`: downloading a file (SPEC §6).
 //!
 //! This module owns the handler: it checks access (token or signed URL), resolves the path, opens
-//! the file without ever blocking, evaluates the conditional headers and `Range`, and returns a
-//! response whose body is the open file, which the HTTP layer sends with `sendfile(2)`. Parsing
-//! of `Range` (`range`), conditional evaluation (`conditional`) and the descriptive headers
-//! (`headers`) are pure and live in the submodules.
+//! the file without ever blocking, picks the coding from `Accept-Encoding`, evaluates the
+//! conditional headers and `Range`, and returns a response whose body is the open file, which
+//! the HTTP layer sends with `sendfile(2)`, or its gzip form, compressed as it is sent
+//! (`gzip`). Parsing of `Range` (`range`) and `Accept-Encoding` (`encoding`), conditional
+//! evaluation (`conditional`) and the descriptive headers (`headers`) are pure and live in the
+//! submodules.
+//!
+//! The order of decisions once the file is open: the coding (406), the conditions against the
+//! form chosen (412, 304 with that form's ETag), a place for a compressed GET (else identity, or
+//! 503), then `Range` for identity (206, 416).
 //!
 //! Decisions beyond SPEC §6:
 //! - `Range` and `If-Range` are honoured for GET only: RFC 9110 §14.2 defines range handling for
@@ -17,6 +23,8 @@
 //!   `.txt` as HTML.
 
 pub(crate) mod conditional;
+pub(crate) mod encoding;
+mod gzip;
 mod headers;
 pub(crate) mod range;
 
@@ -30,9 +38,11 @@ use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::FsError;
 use crate::http::date;
+use crate::http::stream;
 use crate::http::{Head, Response, ResponseBody};
 
 use conditional::{Conditions, Outcome, Validators};
+use encoding::{Accept, Coding};
 use range::Range;
 
 /// Answers `GET` or `HEAD /files`.
@@ -127,7 +137,31 @@ fn respond(
         metadata.mtime(),
         metadata.mtime_nsec(),
     );
+    let gzip_etag = headers::gzip_etag(&etag);
     let modified = headers::last_modified(metadata.mtime(), now);
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy())
+        .unwrap_or_default();
+    let content_type = headers::content_type(&name);
+    let is_get = head.method() == "GET";
+    let accept_header = joined(head, "accept-encoding");
+    let accept = Accept::parse(accept_header.as_deref().map(str::as_bytes));
+    let coding = choose_coding(head, &accept, is_get, size, content_type).ok_or_else(|| {
+        ApiError::new(
+            406,
+            format!(
+                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
+                 codings sandboxd sends, gzip and identity",
+                path.display(),
+                accept_header.unwrap_or_default()
+            ),
+        )
+    })?;
+    let etag_of = |coding| match coding {
+        Coding::Identity => etag.clone(),
+        Coding::Gzip => gzip_etag.clone(),
+    };
     let if_match = joined(head, "if-match");
     let if_none_match = joined(head, "if-none-match");
     let conditions = Conditions {
@@ -139,6 +173,7 @@ fn respond(
     };
     let validators = Validators {
         etag: &etag,
+        other_form: Some(&gzip_etag),
         mtime: modified,
         now,
     };
@@ -150,12 +185,43 @@ fn respond(
             ))
         }
         Outcome::NotModified => {
-            let response = Response::empty(304).with_header("ETag", etag);
+            let response = Response::empty(304)
+                .with_header("ETag", etag_of(coding))
+                .with_header("Vary", VARY);
             return Ok(with_last_modified(response, modified));
         }
         Outcome::Proceed { range_allowed } => range_allowed,
     };
-    let range_header = joined(head, "range").filter(|_| range_allowed && head.method() == "GET");
+    let (coding, slot) = match coding {
+        Coding::Gzip => take_place(is_get, &accept)?,
+        Coding::Identity => (Coding::Identity, None),
+    };
+    let described = |status: u16, body: ResponseBody| {
+        let response = Response::new(status, body)
+            .with_header("Content-Type", content_type)
+            .with_header("Content-Disposition", headers::content_disposition(&name))
+            .with_header("ETag", etag_of(coding))
+            .with_header("Vary", VARY)
+            .with_header("X-Content-Type-Options", "nosniff");
+        with_last_modified(response, modified)
+    };
+    if coding == Coding::Gzip {
+        // A GET's body is compressed as it is sent; a HEAD has none (chunked like its GET, so
+        // no `Content-Length`). No `Accept-Ranges`: ranges are of the file as it is, never of
+        // this form, and a client resuming a gzip transfer must not be told otherwise.
+        let body = match slot {
+            Some(slot) => gzip::start(file, size, path.to_path_buf(), slot),
+            None => {
+                let (sender, source) = stream::channel(0);
+                sender.finish();
+                source
+            }
+        };
+        return Ok(
+            described(200, ResponseBody::Stream(body)).with_header("Content-Encoding", "gzip")
+        );
+    }
+    let range_header = joined(head, "range").filter(|_| range_allowed && is_get);
     let range = range_header
         .as_deref()
         .map_or(Range::Whole, |value| range::parse(value.as_bytes(), size));
@@ -171,27 +237,59 @@ fn respond(
                     path.display()
                 ),
             );
-            return Ok(
-                Response::from(error).with_header("Content-Range", format!("bytes */{size}"))
-            );
+            return Ok(Response::from(error)
+                .with_header("Content-Range", format!("bytes */{size}"))
+                .with_header("Vary", VARY));
         }
     };
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy())
-        .unwrap_or_default();
-    let mut response = Response::new(status, ResponseBody::File { file, offset, len })
-        .with_header("Content-Type", headers::content_type(&name))
-        .with_header("Content-Disposition", headers::content_disposition(&name))
-        .with_header("ETag", etag)
-        .with_header("Accept-Ranges", "bytes")
-        .with_header("X-Content-Type-Options", "nosniff");
-    response = with_last_modified(response, modified);
+    let mut response = described(status, ResponseBody::File { file, offset, len })
+        .with_header("Accept-Ranges", "bytes");
     if status == 206 {
         let end = offset + len - 1;
         response = response.with_header("Content-Range", format!("bytes {offset}-{end}/{size}"));
     }
     Ok(response)
+}
+
+/// Every answer that describes the file depends on `Accept-Encoding` (`identity;q=0` gets even a
+/// small file compressed), so every one says so.
+const VARY: &str = "Accept-Encoding";
+
+/// The coding of the answer (SPEC §6): gzip when the client prefers it and the file is worth
+/// compressing (`gzip::MIN_SIZE` bytes or more, of a type not compressed already, and no `Range`
+/// or `If-Range` on a GET, whose positions are the file's bytes), else identity, else gzip when
+/// the client refused identity; `None` (406) when it accepts neither.
+fn choose_coding(
+    head: &Head,
+    accept: &Accept,
+    is_get: bool,
+    size: u64,
+    content_type: &str,
+) -> Option<Coding> {
+    let asks_range =
+        is_get && (head.header("range").is_some() || head.header("if-range").is_some());
+    let worth = size >= gzip::MIN_SIZE && headers::compressible(content_type) && !asks_range;
+    accept.choose(worth)
+}
+
+/// A compressed download's place for a GET in gzip (a HEAD takes none: it says what a GET
+/// would get now). With every place taken: identity when the client accepts it, else 503.
+fn take_place(is_get: bool, accept: &Accept) -> Result<(Coding, Option<gzip::Slot>), ApiError> {
+    let slot = if is_get { gzip::Slot::take() } else { None };
+    if slot.is_some() || (!is_get && gzip::Slot::available()) {
+        return Ok((Coding::Gzip, slot));
+    }
+    if accept.identity_acceptable() {
+        return Ok((Coding::Identity, None));
+    }
+    Err(ApiError::new(
+        503,
+        format!(
+            "too many compressed downloads under way (at most {}): try again later, or accept \
+             identity",
+            gzip::MAX_DOWNLOADS
+        ),
+    ))
 }
 
 /// Adds `Last-Modified` when the file has a date to show (`headers::last_modified`).
