@@ -101,7 +101,11 @@ fn a_codec_or_an_encoding_sandboxd_does_not_speak_is_refused() {
     // Connect: an unknown Content-Encoding is `unimplemented`, naming what is accepted.
     let br = [("Content-Encoding", "br")];
     let reply = client::unary(&daemon, STAT, &fixture("fs_stat"), &br);
-    assert_eq!(json_error(&reply).1, "unimplemented", "{reply:?}");
+    assert_eq!(
+        (json_error(&reply).0, json_error(&reply).1.as_str()),
+        (501, "unimplemented"),
+        "{reply:?}"
+    );
     let accepted = reply.header("accept-encoding").unwrap_or_default();
     assert!(accepted.contains("gzip"), "Accept-Encoding: {accepted:?}");
 
