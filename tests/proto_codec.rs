@@ -10,6 +10,11 @@
 //! - `wire_rules`: errors as JSON, unknown fields, gzip both ways, refused codecs;
 //! - here: the table covers every method the spec names, and sends the same message in both
 //!   codecs (the fixtures' README gives each fixture as proto3 JSON).
+//!
+//! AWAITING THE CODEC (issue 22, being built on main): until sandboxd speaks the binary codec
+//! and Connect compression, every test that sends a binary call fails with 415 (`every_method`,
+//! all of `flows` and `wire_rules`); only the three table checks here pass. They are not
+//! `#[ignore]`d: they are the codec's acceptance tests.
 
 mod as_json;
 mod client;
