@@ -181,11 +181,12 @@ fn inflate(body: &[u8], piece: usize, out_len: usize) -> Result<Vec<u8>, String>
 /// their size), and the bytes a JSON parser reads from the same message.
 pub fn connect_envelope(data: &[u8]) {
     use crate::connect::{envelope, streamed::StreamedBytes, MAX_REQUEST_BYTES};
-    if let Ok(message) = envelope::single_message(data) {
-        assert_eq!(envelope::encode(0, message), data);
+    if let Ok((flags, message)) = envelope::single_message(data) {
+        assert_eq!(envelope::encode(flags, message), data);
     }
     if let Ok(Some((flags, len))) = envelope::prefix(data) {
-        assert!(len <= MAX_REQUEST_BYTES && flags & !envelope::END_STREAM == 0);
+        let known = envelope::END_STREAM | envelope::COMPRESSED;
+        assert!(len <= MAX_REQUEST_BYTES && flags & !known == 0);
     }
     const OPENINGS: &[&[u8]] = &[br#"{"a":{"b":""#, br#"{"c":""#];
     let Some((&step, body)) = data.split_first() else {
@@ -264,5 +265,32 @@ pub fn connect_json(data: &[u8]) {
                 _ => b.is_ascii_digit(),
             });
         assert!(shape && &stamp[..4] != "0000", "{stamp}");
+    }
+}
+
+/// Connect's binary codec and gzip: every request message of both services read in both codecs
+/// (what is read re-encodes to itself: `api::fuzz_requests`), a large `StreamInput` data message
+/// read as it arrives the same as whole, and a gzip message inflated whole or in pieces alike
+/// (the first byte picks their size), bounded, and re-deflated to the same bytes.
+pub fn connect_proto(data: &[u8]) {
+    use crate::connect::compression::{inflate, Deflater, Inflater};
+    crate::api::fuzz_requests(data);
+    let Some((&step, body)) = data.split_first() else {
+        return;
+    };
+    let whole = inflate(body);
+    let mut inflater = Inflater::default();
+    let mut split = Vec::new();
+    let pieces = body
+        .chunks(usize::from(step) + 1)
+        .try_for_each(|piece| inflater.push(piece).map(|out| split.extend(out)))
+        .and_then(|()| inflater.finish());
+    assert_eq!(whole.is_ok(), pieces.is_ok(), "{whole:?} / {pieces:?}");
+    if let Ok(plain) = whole {
+        assert!(plain.len() <= crate::connect::MAX_REQUEST_BYTES);
+        assert_eq!(plain, split);
+        let mut again = Vec::new();
+        Deflater::default().gzip(&plain, &mut again);
+        assert_eq!(inflate(&again).expect("its own gzip inflates"), plain);
     }
 }

@@ -269,11 +269,15 @@ fn malformed_calls_get_connect_errors() {
         "/filesystem.Filesystem/Stat",
         &[
             ("X-Access-Token", TOKEN),
-            ("Content-Type", "application/proto"),
+            ("Content-Type", "application/grpc+proto"),
         ],
         b"",
     );
     assert_code(&reply, 415, "unimplemented");
+    assert_eq!(
+        reply.header("accept-post"),
+        Some("application/json, application/proto, application/connect+json, application/connect+proto")
+    );
     let reply = daemon.call_with(
         "POST",
         "/filesystem.Filesystem/Stat",

@@ -23,6 +23,16 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::http::{Action, Head, Response};
 
+/// Every request message of both Connect services read from `data` in both codecs (the fuzz
+/// target `connect_proto`).
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_requests(data: &[u8]) {
+    for codec in [crate::connect::Codec::Proto, crate::connect::Codec::Json] {
+        filesystem::fuzz_requests(codec, data);
+        process::fuzz_requests(codec, data);
+    }
+}
+
 /// Largest JSON request body (compose, init): SPEC §10.
 pub const MAX_JSON_BODY: usize = 1024 * 1024;
 

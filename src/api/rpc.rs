@@ -10,12 +10,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use base64_simd::STANDARD;
 
 use crate::app::App;
-use crate::connect::{self, Call, Code, Error, Shape, Stream};
+use crate::connect::{self, Call, Code, Codec, Error, Outgoing, Shape, Stream};
 use crate::fs::FsError;
 use crate::http::stream::SendError;
 use crate::http::{self, Action, BodySink, Head, Response};
@@ -32,8 +30,8 @@ pub enum Kind {
     /// One request message, a stream of answers (`application/connect+json`).
     ServerStream,
     /// A stream of request messages (`application/connect+json`), taken by the sink this
-    /// makes as the body arrives; one answer at its end.
-    ClientStream(fn() -> Box<dyn BodySink>),
+    /// makes for the call as the body arrives; one answer at its end.
+    ClientStream(fn(&Call) -> Box<dyn BodySink>),
 }
 
 /// Starts a call to `service`/`method`, one of `methods`. In order: the token (else
@@ -69,8 +67,8 @@ pub fn begin(
     };
     if call.shape != expected {
         let send = match expected {
-            Shape::Unary => "application/json",
-            Shape::ServerStream => "application/connect+json",
+            Shape::Unary => call.codec.unary_type(),
+            Shape::ServerStream => call.codec.stream_type(),
         };
         return refuse(Error::new(
             Code::Unimplemented,
@@ -81,9 +79,10 @@ pub fn begin(
     // end-of-stream message (connect-go answers so), which a Connect client reads with its code;
     // an HTTP status alone would reach it as a code of the status's choosing.
     let streaming = !matches!(kind, Kind::Unary);
+    let codec = call.codec;
     let answer_error = move |error: Error| {
         if streaming {
-            failed(error)
+            failed(codec, error)
         } else {
             error.into_response()
         }
@@ -93,7 +92,7 @@ pub fn begin(
         Err(error) => return Action::Respond(answer_error(error)),
     };
     if let Kind::ClientStream(sink) = kind {
-        return Action::Consume(sink());
+        return Action::Consume(sink(&call));
     }
     let app = Arc::clone(app);
     let method = method.to_string();
@@ -129,12 +128,13 @@ impl LiveStream {
     /// A stream holding at most `queue_bytes` its client has not taken, and the answer carrying
     /// it; nothing is queued yet.
     pub fn open(
+        call: &Call,
         queue_bytes: usize,
         when_full: &'static str,
         keepalive: Duration,
-        timeout: Option<Duration>,
     ) -> (LiveStream, Response) {
-        let (stream, response) = Stream::open(queue_bytes);
+        let (stream, response) = Stream::open(call.codec, call.gzip_answer, queue_bytes);
+        let timeout = call.timeout;
         let now = Instant::now();
         let live = LiveStream {
             stream: Some(stream),
@@ -155,14 +155,17 @@ impl LiveStream {
 
     /// Queues a message; false when the stream has ended (now or before). A full queue ends it
     /// with `resource_exhausted`.
-    pub fn send<T: Serialize>(&mut self, message: &T) -> bool {
+    pub fn send<T: Outgoing>(&mut self, message: &T) -> bool {
         self.send_with(|stream| stream.send(message))
     }
 
-    /// Queues a message `write` writes into its envelope (as [`Stream::send_with`]); as
-    /// [`send`](Self::send) otherwise.
-    pub fn send_raw(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> bool {
-        self.send_with(|stream| stream.send_with(write))
+    /// Queues a message `write` writes, in the codec it is given, into its envelope (as
+    /// [`Stream::send_with`]); as [`send`](Self::send) otherwise.
+    pub fn send_raw(&mut self, write: impl FnOnce(Codec, &mut Vec<u8>)) -> bool {
+        self.send_with(|stream| {
+            let codec = stream.codec();
+            stream.send_with(|out| write(codec, out))
+        })
     }
 
     fn send_with(&mut self, send: impl FnOnce(&Stream) -> Result<(), SendError>) -> bool {
@@ -225,7 +228,7 @@ impl LiveStream {
 
     /// Queues `keepalive` when one is due, and schedules the next look; false when the stream
     /// is over.
-    pub fn keep_alive<T: Serialize>(&mut self, now: Instant, keepalive: &T) -> bool {
+    pub fn keep_alive<T: Outgoing>(&mut self, now: Instant, keepalive: &T) -> bool {
         if now >= self.last_sent + self.keepalive && !self.send(keepalive) {
             return false;
         }
@@ -281,8 +284,8 @@ pub fn keepalive_interval(head: &Head) -> Duration {
 /// the end-of-stream message with the error, as connect-go answers. Not a unary error: the JS
 /// SDK's client (connect-es) reads a streaming call's non-200 status alone, so a 404 would
 /// reach it as `unimplemented`.
-pub fn failed(error: Error) -> Response {
-    let (stream, response) = Stream::open(0);
+pub fn failed(codec: Codec, error: Error) -> Response {
+    let (stream, response) = Stream::open(codec, false, 0);
     stream.finish(Err(error));
     response
 }
@@ -302,7 +305,7 @@ pub fn refused(head: &Head, error: &http::Error) -> Response {
     };
     let error = Error::new(code, error.to_string());
     match Call::from_head(head) {
-        Ok(call) if call.shape == Shape::ServerStream => failed(error),
+        Ok(call) if call.shape == Shape::ServerStream => failed(call.codec, error),
         _ => error.into_response(),
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{Code, Error, MAX_REQUEST_BYTES};
 
-/// The message is compressed (never, here: compression is refused from the head).
+/// The message is compressed with the call's `Connect-Content-Encoding`.
 pub const COMPRESSED: u8 = 0x01;
 /// The end-of-stream message: `{}` or `{"error":{...}}`, and optional `metadata`.
 pub const END_STREAM: u8 = 0x02;
@@ -33,7 +33,8 @@ pub fn encode_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>
 }
 
 /// The flags and length of the envelope at the start of `bytes`, once its prefix is complete:
-/// unknown flags, compression and a length over [`MAX_REQUEST_BYTES`] are errors.
+/// unknown flags and a length over [`MAX_REQUEST_BYTES`] are errors. (Whether a compressed
+/// message may come is the call's headers' to say: [`compressed_without_encoding`].)
 pub fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
     let Some(head) = bytes.get(..PREFIX) else {
         return Ok(None);
@@ -43,12 +44,6 @@ pub fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
         return Err(Error::invalid_argument(format!(
             "malformed envelope: unknown flags {flags:#04x}"
         )));
-    }
-    if flags & COMPRESSED != 0 {
-        return Err(Error::new(
-            Code::Unimplemented,
-            "compressed messages are not supported",
-        ));
     }
     let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
     let len = usize::try_from(len).unwrap_or(usize::MAX);
@@ -61,15 +56,22 @@ pub fn prefix(bytes: &[u8]) -> Result<Option<(u8, usize)>, Error> {
     Ok(Some((flags, len)))
 }
 
-/// The one message of a server-streaming call's request body.
-pub fn single_message(body: &[u8]) -> Result<&[u8], Error> {
+/// A message flagged compressed in a call that named no `Connect-Content-Encoding`.
+pub fn compressed_without_encoding() -> Error {
+    Error::invalid_argument(
+        "malformed request: a compressed message without a Connect-Content-Encoding",
+    )
+}
+
+/// The flags and message of a server-streaming call's request body, its one message.
+pub fn single_message(body: &[u8]) -> Result<(u8, &[u8]), Error> {
     let malformed = |what: &str| Error::invalid_argument(format!("malformed request: {what}"));
     let (flags, len) = prefix(body)?.ok_or_else(|| malformed("no envelope"))?;
     if flags & END_STREAM != 0 {
         return Err(malformed("an end-of-stream envelope from the client"));
     }
     match body.len().checked_sub(PREFIX + len) {
-        Some(0) => Ok(&body[PREFIX..]),
+        Some(0) => Ok((flags, &body[PREFIX..])),
         Some(_) => Err(malformed("bytes after the request message")),
         None => Err(malformed("the request message is cut short")),
     }
@@ -98,16 +100,16 @@ mod tests {
     }
 
     #[test]
-    fn compressed_and_oversized_envelopes_are_refused() {
-        let error = prefix(&[1, 0, 0, 0, 0]).unwrap_err();
-        assert_eq!(error.code, Code::Unimplemented);
+    fn oversized_envelopes_are_refused() {
+        assert_eq!(prefix(&[1, 0, 0, 0, 0]).unwrap(), Some((COMPRESSED, 0)));
         let error = prefix(&[0, 0xff, 0xff, 0xff, 0xff]).unwrap_err();
         assert_eq!(error.code, Code::ResourceExhausted);
     }
 
     #[test]
     fn a_request_body_is_exactly_one_message() {
-        assert_eq!(single_message(&encode(0, b"{}")).unwrap(), b"{}");
+        assert_eq!(single_message(&encode(0, b"{}")).unwrap(), (0, &b"{}"[..]));
+        assert_eq!(single_message(&encode(1, b"z")).unwrap(), (1, &b"z"[..]));
         let mut two = encode(0, b"{}");
         two.extend(encode(0, b"{}"));
         for bad in [

@@ -12,18 +12,23 @@ use std::fmt;
 
 use crate::http::date::civil_from_days;
 
-/// A proto enum: written by name, read by name or by number (both are valid proto3 JSON).
+/// A proto enum: its Rust type (a `prost::Enumeration`, so a message's field of it is the
+/// `i32` protobuf carries, open to numbers this daemon does not know), and the JSON form of
+/// such a field: written by name (a number no variant has, as the number), read by name or by
+/// number (both are valid proto3 JSON). A field declares
+/// `#[serde(serialize_with = "FileType::to_json", deserialize_with = "FileType::from_json")]`.
 /// `proto_enum!(FileType { Unspecified = 0 => "FILE_TYPE_UNSPECIFIED", ... })`.
 #[macro_export]
 macro_rules! proto_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $number:literal => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+        #[repr(i32)]
         pub enum $name {
-            #[default]
-            $($(#[$vmeta])* $variant),+
+            $($(#[$vmeta])* $variant = $number),+
         }
 
+        #[allow(dead_code)]
         impl $name {
             /// The name on the wire.
             pub fn as_str(self) -> &'static str {
@@ -45,18 +50,19 @@ macro_rules! proto_enum {
                     },
                 }
             }
-        }
 
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(self.as_str())
+            /// Writes a field of this enum: its name, or a number no variant has as it is.
+            pub fn to_json<S: serde::Serializer>(value: &i32, serializer: S) -> Result<S::Ok, S::Error> {
+                match $name::try_from(*value) {
+                    Ok(known) => serializer.serialize_str(known.as_str()),
+                    Err(_) => serializer.serialize_i32(*value),
+                }
             }
-        }
 
-        impl<'de> serde::Deserialize<'de> for $name {
-            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let value = $crate::connect::json::EnumValue::deserialize(deserializer)?;
-                $name::from_wire(&value).ok_or_else(|| {
+            /// Reads a field of this enum by name or number; anything else is refused.
+            pub fn from_json<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+                let value = <$crate::connect::json::EnumValue as serde::Deserialize>::deserialize(deserializer)?;
+                $name::from_wire(&value).map(|known| known as i32).ok_or_else(|| {
                     serde::de::Error::custom(format!(
                         "{value} is not a value of {}",
                         stringify!($name)
@@ -171,6 +177,28 @@ pub mod bytes {
             .iter()
             .find_map(|engine| engine.decode_to_vec(text).ok())
     }
+
+    /// Writes standard base64 with padding, as proto3 JSON writers do.
+    pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode_to_string(value))
+    }
+}
+
+/// `google.protobuf.Timestamp`: protobuf's seconds and nanoseconds as they are, and in JSON the
+/// string of [`timestamp`].
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Timestamp {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let nanos = u32::try_from(self.nanos).unwrap_or(0);
+        serializer.serialize_str(&timestamp(self.seconds, nanos))
+    }
 }
 
 /// `google.protobuf.Timestamp` as proto3 JSON writes it: RFC 3339 in UTC with `Z`, and 0, 3, 6
@@ -231,7 +259,8 @@ mod tests {
         size: i64,
         #[serde(skip_serializing, deserialize_with = "integer::deserialize")]
         big: u64,
-        kind: Kind,
+        #[serde(serialize_with = "Kind::to_json", deserialize_with = "Kind::from_json")]
+        kind: i32,
         symlink_target: Option<String>,
     }
 
@@ -239,7 +268,7 @@ mod tests {
     fn messages_follow_proto3_json() {
         let message = Message {
             size: -5,
-            kind: Kind::File,
+            kind: Kind::File.into(),
             ..Message::default()
         };
         let json = serde_json::to_value(&message).unwrap();
@@ -252,12 +281,25 @@ mod tests {
     }
 
     #[test]
+    fn an_enum_number_no_variant_has_is_written_as_a_number() {
+        let message = Message {
+            kind: 7,
+            ..Message::default()
+        };
+        let json = serde_json::to_value(&message).unwrap();
+        assert_eq!(json["kind"], 7);
+    }
+
+    #[test]
     fn readers_accept_every_valid_form() {
         let read: Message = serde_json::from_str(
             r#"{"size":12,"big":"18446744073709551615","kind":1,"unknown":{"x":[1]}}"#,
         )
         .unwrap();
-        assert_eq!((read.size, read.big, read.kind), (12, u64::MAX, Kind::File));
+        assert_eq!(
+            (read.size, read.big, read.kind),
+            (12, u64::MAX, Kind::File as i32)
+        );
         let read: Message = serde_json::from_str(r#"{"size":"1e3"}"#).unwrap_or_default();
         assert_eq!(read.size, 0, "a string exponent is not an integer");
         let read: Message = serde_json::from_str(r#"{"size":1e3}"#).unwrap();

@@ -1,19 +1,23 @@
-//! Connect protocol v1 over HTTP/1.1 with the JSON codec: what the E2B SDKs speak to envd's
-//! services (SPEC §9b; the protocol: <https://connectrpc.com/docs/protocol>).
+//! Connect protocol v1 over HTTP/1.1, both codecs: what the E2B SDKs (JSON) and E2B's
+//! orchestrator (binary protobuf) speak to envd's services (SPEC §9b; the protocol:
+//! <https://connectrpc.com/docs/protocol>).
 //!
 //! This module knows the protocol and nothing of files or processes: how a call is framed
-//! ([`Call::from_head`]: unary `application/json`, or a server stream `application/connect+json`
-//! whose request and answer messages are [`envelope`]s), what an error looks like on the wire
-//! ([`Error`], [`Code`] and its HTTP status), and proto3's JSON rules ([`json`]). A service
-//! decodes its request message with [`Call::request`], and answers with [`unary`] or through a
-//! [`Stream`].
+//! ([`Call::from_head`]: unary `application/json` or `application/proto`, or a stream
+//! `application/connect+json` or `application/connect+proto` whose messages are
+//! [`envelope`]s), what an error looks like on the wire ([`Error`], [`Code`] and its HTTP
+//! status), the codecs ([`codec`]: one set of message types, proto3 JSON by [`json`]'s rules
+//! and protobuf by `prost`) and gzip ([`compression`]). A service decodes its request message
+//! with [`Call::request`], and answers with [`Call::unary`] or through a [`Stream`].
 //!
 //! Decisions where the protocol leaves room:
-//! - Only the JSON codec: `application/proto` and `application/connect+proto` are 415 with
-//!   `Accept-Post` naming the JSON types (the SDKs use JSON; binary protobuf would need a
-//!   protobuf runtime for no client). No compression: a `Content-Encoding` or
-//!   `Connect-Content-Encoding` other than `identity` is `unimplemented`, as the SDKs never
-//!   compress (their `ENVD_RPC_COMPRESSION` turns it off).
+//! - The answer is in the codec of the request; errors are JSON in both (the protocol's rule).
+//!   Another codec is 415 with `Accept-Post` naming the four media types.
+//! - gzip and identity, for requests and answers (unary: `Content-Encoding`, `Accept-Encoding`;
+//!   streams: `Connect-Content-Encoding`, `Connect-Accept-Encoding` and each message's flag).
+//!   Another coding is `unimplemented`, with the `Accept-Encoding` (unary) or
+//!   `Connect-Accept-Encoding` (stream) the daemon takes. Answers are compressed for a client
+//!   that accepts gzip from [`compression::MIN_BYTES`] up.
 //! - `Connect-Protocol-Version` may be absent (connect-go's default); if present it must be `1`.
 //! - `Connect-Timeout-Ms` (at most 10 digits, as the protocol says) bounds a call; the services
 //!   read it through [`Call::timeout`].
@@ -23,19 +27,20 @@
 //!   client reads as the call's error.
 //! - A message with one large `bytes` field can be read as it arrives ([`streamed`]).
 
+pub mod codec;
+pub mod compression;
 pub mod envelope;
 pub mod json;
 mod stream;
 pub mod streamed;
+pub mod streamed_proto;
 
 use std::fmt;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use crate::http::{Head, Response};
 
+pub use codec::{Codec, Incoming, Outgoing};
 pub use stream::Stream;
 
 /// The most bytes of one request message (envd's clients send paths and small settings; a
@@ -154,19 +159,31 @@ impl fmt::Display for Error {
 /// How a call's messages travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// `application/json`: the request body is the message, the answer body is the message.
+    /// `application/json`, `application/proto`: the request body is the message, the answer
+    /// body is the message.
     Unary,
-    /// `application/connect+json`: one enveloped request message, a stream of enveloped answers
-    /// ending with an end-of-stream message.
+    /// `application/connect+json`, `application/connect+proto`: enveloped request messages, a
+    /// stream of enveloped answers ending with an end-of-stream message.
     ServerStream,
 }
+
+/// The media types a call may have, for `Accept-Post`.
+const MEDIA_TYPES: &str =
+    "application/json, application/proto, application/connect+json, application/connect+proto";
 
 /// A call, as its head describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     pub shape: Shape,
+    pub codec: Codec,
     /// From `Connect-Timeout-Ms`.
     pub timeout: Option<Duration>,
+    /// The request's messages may be gzip: the whole body of a unary call
+    /// (`Content-Encoding`), a stream's messages flagged compressed
+    /// (`Connect-Content-Encoding`).
+    pub gzip_request: bool,
+    /// The client takes gzip answers (`Accept-Encoding`, `Connect-Accept-Encoding`).
+    pub gzip_answer: bool,
 }
 
 impl Call {
@@ -180,9 +197,11 @@ impl Call {
                 essence.trim().to_ascii_lowercase()
             })
             .unwrap_or_default();
-        let shape = match media_type.as_str() {
-            "application/json" => Shape::Unary,
-            "application/connect+json" => Shape::ServerStream,
+        let (shape, codec) = match media_type.as_str() {
+            "application/json" => (Shape::Unary, Codec::Json),
+            "application/proto" => (Shape::Unary, Codec::Proto),
+            "application/connect+json" => (Shape::ServerStream, Codec::Json),
+            "application/connect+proto" => (Shape::ServerStream, Codec::Proto),
             other => return Err(unsupported_media_type(other)),
         };
         if let Some(version) = head.header("connect-protocol-version") {
@@ -194,45 +213,93 @@ impl Call {
                 .into_response());
             }
         }
-        for name in ["content-encoding", "connect-content-encoding"] {
-            if let Some(coding) = head.header(name) {
-                if !coding.trim_ascii().eq_ignore_ascii_case(b"identity") {
-                    return Err(Error::new(
-                        Code::Unimplemented,
-                        format!(
-                            "compression '{}' is not supported; send identity",
-                            String::from_utf8_lossy(coding)
-                        ),
-                    )
-                    .into_response());
-                }
+        // A stream's messages are compressed one by one; the body as a whole never is.
+        let (coding, other, accept, accept_answer) = match shape {
+            Shape::Unary => (
+                "content-encoding",
+                "connect-content-encoding",
+                "Accept-Encoding",
+                "accept-encoding",
+            ),
+            Shape::ServerStream => (
+                "connect-content-encoding",
+                "content-encoding",
+                "Connect-Accept-Encoding",
+                "connect-accept-encoding",
+            ),
+        };
+        let refuse = |name: &str, value: &[u8]| {
+            Error::new(
+                Code::Unimplemented,
+                format!(
+                    "{name} '{}' is not supported: sandboxd takes gzip and identity",
+                    String::from_utf8_lossy(value)
+                ),
+            )
+            .into_response()
+            .with_header(accept, "gzip")
+        };
+        let gzip_request = match head.header(coding).map(<[u8]>::trim_ascii) {
+            None => false,
+            Some(value) if value.eq_ignore_ascii_case(b"identity") => false,
+            Some(value) if value.eq_ignore_ascii_case(b"gzip") => true,
+            Some(value) => return Err(refuse(coding, value)),
+        };
+        if let Some(value) = head.header(other) {
+            if !value.trim_ascii().eq_ignore_ascii_case(b"identity") {
+                return Err(refuse(other, value));
             }
         }
+        let gzip_answer = head
+            .headers_named(accept_answer)
+            .any(compression::accepts_gzip);
         let timeout = match head.header("connect-timeout-ms") {
             None => None,
             Some(value) => Some(parse_timeout(value).map_err(Error::into_response)?),
         };
-        Ok(Call { shape, timeout })
+        Ok(Call {
+            shape,
+            codec,
+            timeout,
+            gzip_request,
+            gzip_answer,
+        })
     }
 
     /// Decodes the request message from the whole request body.
-    pub fn request<T: DeserializeOwned>(&self, body: &[u8]) -> Result<T, Error> {
-        let message = match self.shape {
-            Shape::Unary => body,
-            Shape::ServerStream => envelope::single_message(body)?,
-        };
-        // An empty unary body is the empty message, as connect-go reads it.
-        let message: &[u8] = if message.is_empty() { b"{}" } else { message };
-        serde_json::from_slice(message)
-            .map_err(|e| Error::invalid_argument(format!("invalid request message: {e}")))
+    pub fn request<T: Incoming>(&self, body: &[u8]) -> Result<T, Error> {
+        match self.shape {
+            Shape::Unary if self.gzip_request => self.codec.decode(&compression::inflate(body)?),
+            Shape::Unary => self.codec.decode(body),
+            Shape::ServerStream => {
+                let (flags, message) = envelope::single_message(body)?;
+                if flags & envelope::COMPRESSED == 0 {
+                    self.codec.decode(message)
+                } else if self.gzip_request {
+                    self.codec.decode(&compression::inflate(message)?)
+                } else {
+                    Err(envelope::compressed_without_encoding())
+                }
+            }
+        }
     }
-}
 
-/// The 200 answer of a unary call.
-pub fn unary<T: Serialize>(message: &T) -> Response {
-    match serde_json::to_vec(message) {
-        Ok(body) => Response::json(200, body),
-        Err(e) => Error::new(Code::Internal, format!("encoding the answer: {e}")).into_response(),
+    /// The 200 answer of a unary call, in the call's codec (gzip when the client takes it and
+    /// the message is worth it).
+    pub fn unary<T: Outgoing>(&self, message: &T) -> Response {
+        let mut body = Vec::new();
+        if let Err(error) = self.codec.encode(message, &mut body) {
+            return error.into_response();
+        }
+        let response = if self.gzip_answer && body.len() >= compression::MIN_BYTES {
+            let mut compressed = Vec::new();
+            compression::Deflater::default().gzip(&body, &mut compressed);
+            Response::new(200, crate::http::ResponseBody::Bytes(compressed))
+                .with_header("Content-Encoding", "gzip")
+        } else {
+            Response::new(200, crate::http::ResponseBody::Bytes(body))
+        };
+        response.with_header("Content-Type", self.codec.unary_type())
     }
 }
 
@@ -246,16 +313,13 @@ fn unsupported_media_type(media_type: &str) -> Response {
         415,
         Error::new(
             Code::Unimplemented,
-            format!(
-                "{shown} is not supported: sandboxd speaks Connect with the JSON codec \
-                 (application/json, application/connect+json)"
-            ),
+            format!("{shown} is not supported: sandboxd speaks Connect's JSON and protobuf codecs ({MEDIA_TYPES})"),
         )
         .to_json()
         .to_string()
         .into_bytes(),
     )
-    .with_header("Accept-Post", "application/json, application/connect+json")
+    .with_header("Accept-Post", MEDIA_TYPES)
 }
 
 /// `Connect-Timeout-Ms`: 1 to 10 ASCII digits.
@@ -302,26 +366,80 @@ mod tests {
     }
 
     #[test]
-    fn the_media_type_says_the_shape() {
-        let call = accepted("Content-Type: application/json\r\n");
-        assert_eq!(call.shape, Shape::Unary);
-        let call = accepted(
-            "Content-Type: Application/Connect+JSON; charset=utf-8\r\nConnect-Protocol-Version: 1\r\n",
-        );
-        assert_eq!(call.shape, Shape::ServerStream);
-        assert_eq!(call.timeout, None);
+    fn the_media_type_says_the_shape_and_the_codec() {
+        for (media_type, shape, codec) in [
+            ("application/json", Shape::Unary, Codec::Json),
+            ("application/proto", Shape::Unary, Codec::Proto),
+            (
+                "Application/Connect+JSON; charset=utf-8",
+                Shape::ServerStream,
+                Codec::Json,
+            ),
+            (
+                "application/connect+proto",
+                Shape::ServerStream,
+                Codec::Proto,
+            ),
+        ] {
+            let call = accepted(&format!(
+                "Content-Type: {media_type}\r\nConnect-Protocol-Version: 1\r\n"
+            ));
+            assert_eq!((call.shape, call.codec), (shape, codec), "{media_type}");
+            assert_eq!(call.timeout, None);
+            assert!(!call.gzip_request && !call.gzip_answer);
+        }
     }
 
     #[test]
-    fn other_codecs_are_415_naming_the_json_ones() {
-        for headers in ["Content-Type: application/proto\r\n", ""] {
+    fn other_codecs_are_415_naming_the_four() {
+        for headers in [
+            "Content-Type: application/grpc\r\n",
+            "Content-Type: application/connect+thrift\r\n",
+            "",
+        ] {
             let (status, body) = refused(headers);
             assert_eq!(status, 415);
             assert_eq!(body["code"], "unimplemented");
-            assert!(body["message"]
-                .as_str()
-                .unwrap()
-                .contains("application/json"));
+            let message = body["message"].as_str().unwrap();
+            assert!(message.contains("application/connect+proto"), "{message}");
+        }
+    }
+
+    #[test]
+    fn compression_headers_by_shape() {
+        let unary = accepted(
+            "Content-Type: application/proto\r\nContent-Encoding: gzip\r\nAccept-Encoding: br, gzip\r\n",
+        );
+        assert!(unary.gzip_request && unary.gzip_answer);
+        let stream = accepted(
+            "Content-Type: application/connect+proto\r\nConnect-Content-Encoding: gzip\r\n\
+             Connect-Accept-Encoding: gzip\r\nAccept-Encoding: identity\r\n",
+        );
+        assert!(stream.gzip_request && stream.gzip_answer);
+        // A stream's Accept-Encoding is HTTP's, not the messages'.
+        let stream =
+            accepted("Content-Type: application/connect+json\r\nAccept-Encoding: gzip\r\n");
+        assert!(!stream.gzip_answer);
+        for (headers, name) in [
+            (
+                "Content-Type: application/json\r\nContent-Encoding: br\r\n",
+                "Accept-Encoding",
+            ),
+            (
+                "Content-Type: application/connect+json\r\nConnect-Content-Encoding: zstd\r\n",
+                "Connect-Accept-Encoding",
+            ),
+            (
+                "Content-Type: application/connect+json\r\nContent-Encoding: gzip\r\n",
+                "Connect-Accept-Encoding",
+            ),
+        ] {
+            let Err(response) = Call::from_head(&head(headers)) else {
+                panic!("accepted: {headers}");
+            };
+            assert_eq!(response.status, 501, "{headers}");
+            let named = response.headers.iter().find(|(n, _)| *n == name);
+            assert_eq!(named.map(|(_, v)| v.as_ref()), Some("gzip"), "{headers}");
         }
     }
 
@@ -342,7 +460,7 @@ mod tests {
             refused("Content-Type: application/json\r\nConnect-Protocol-Version: 2\r\n");
         assert_eq!(status, 400);
         let (status, body) =
-            refused("Content-Type: application/json\r\nContent-Encoding: gzip\r\n");
+            refused("Content-Type: application/json\r\nContent-Encoding: deflate\r\n");
         assert_eq!(
             (status, body["code"].as_str()),
             (501, Some("unimplemented"))
@@ -374,17 +492,26 @@ mod tests {
         }
     }
 
+    #[derive(Clone, PartialEq, serde::Deserialize, serde::Serialize, prost::Message)]
+    #[serde(default)]
+    struct Stat {
+        #[prost(string, tag = "1")]
+        path: String,
+    }
+
+    fn call(shape: Shape, codec: Codec, gzip_request: bool) -> Call {
+        Call {
+            shape,
+            codec,
+            timeout: None,
+            gzip_request,
+            gzip_answer: false,
+        }
+    }
+
     #[test]
     fn request_messages_unary_and_enveloped() {
-        #[derive(serde::Deserialize, Debug, PartialEq)]
-        struct Stat {
-            #[serde(default)]
-            path: String,
-        }
-        let unary = Call {
-            shape: Shape::Unary,
-            timeout: None,
-        };
+        let unary = call(Shape::Unary, Codec::Json, false);
         let stat: Stat = unary.request(br#"{"path":"/a","unknownField":1}"#).unwrap();
         assert_eq!(stat.path, "/a");
         let empty: Stat = unary.request(b"").unwrap();
@@ -392,10 +519,7 @@ mod tests {
         let error = unary.request::<Stat>(b"{").unwrap_err();
         assert_eq!(error.code, Code::InvalidArgument);
 
-        let stream = Call {
-            shape: Shape::ServerStream,
-            timeout: None,
-        };
+        let stream = call(Shape::ServerStream, Codec::Json, false);
         let body = envelope::encode(0, br#"{"path":"/b"}"#);
         let stat: Stat = stream.request(&body).unwrap();
         assert_eq!(stat.path, "/b");
@@ -406,5 +530,66 @@ mod tests {
                 .code,
             Code::InvalidArgument
         );
+        let proto = call(Shape::ServerStream, Codec::Proto, false);
+        let stat: Stat = proto.request(&envelope::encode(0, b"\x0a\x02/c")).unwrap();
+        assert_eq!(stat.path, "/c");
+    }
+
+    #[test]
+    fn compressed_requests_need_their_encoding() {
+        let mut gzip = Vec::new();
+        compression::Deflater::default().gzip(b"\x0a\x02/d", &mut gzip);
+        let unary = call(Shape::Unary, Codec::Proto, true);
+        assert_eq!(unary.request::<Stat>(&gzip).unwrap().path, "/d");
+        let stream = call(Shape::ServerStream, Codec::Proto, true);
+        let body = envelope::encode(envelope::COMPRESSED, &gzip);
+        assert_eq!(stream.request::<Stat>(&body).unwrap().path, "/d");
+        // Not compressed although it may be: fine.
+        let plain = envelope::encode(0, b"\x0a\x02/e");
+        assert_eq!(stream.request::<Stat>(&plain).unwrap().path, "/e");
+        // Flagged without a Connect-Content-Encoding.
+        let error = call(Shape::ServerStream, Codec::Proto, false)
+            .request::<Stat>(&body)
+            .unwrap_err();
+        assert_eq!(error.code, Code::InvalidArgument);
+        assert!(error.message.contains("Connect-Content-Encoding"));
+    }
+
+    #[test]
+    fn unary_answers_in_the_requests_codec_compressed_when_worth_it() {
+        let answer = |codec, gzip_answer, path: &str| {
+            let mut call = call(Shape::Unary, codec, false);
+            call.gzip_answer = gzip_answer;
+            call.unary(&Stat { path: path.into() })
+        };
+        let header = |response: &Response, name: &str| {
+            response
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.to_string())
+        };
+        let body = |response: &Response| match &response.body {
+            crate::http::ResponseBody::Bytes(bytes) => bytes.clone(),
+            _ => panic!("bytes"),
+        };
+        let small = answer(Codec::Proto, true, "/a");
+        assert_eq!(
+            header(&small, "content-type").as_deref(),
+            Some("application/proto")
+        );
+        assert_eq!(header(&small, "content-encoding"), None);
+        assert_eq!(body(&small), b"\x0a\x02/a");
+        let long = "x".repeat(2000);
+        let big = answer(Codec::Json, true, &long);
+        assert_eq!(
+            header(&big, "content-type").as_deref(),
+            Some("application/json")
+        );
+        assert_eq!(header(&big, "content-encoding").as_deref(), Some("gzip"));
+        let json = compression::inflate(&body(&big)).unwrap();
+        assert_eq!(json, format!(r#"{{"path":"{long}"}}"#).into_bytes());
+        let not_accepted = answer(Codec::Json, false, &long);
+        assert_eq!(header(&not_accepted, "content-encoding"), None);
     }
 }

@@ -1,11 +1,13 @@
-//! The answer of a server-streaming call: `200`, `application/connect+json`, enveloped messages
-//! pushed by a producer over time, then the end-of-stream message with the call's outcome.
+//! The answer of a streaming call: `200`, `application/connect+json` or
+//! `application/connect+proto`, enveloped messages pushed by a producer over time (each
+//! compressed when the client takes gzip and it is worth it), then the end-of-stream message
+//! with the call's outcome, JSON in both codecs as the protocol has it.
 
 use std::cell::RefCell;
 
-use serde::Serialize;
-
-use super::envelope::{self, END_STREAM};
+use super::codec::{Codec, Outgoing};
+use super::compression::{self, Deflater};
+use super::envelope::{self, COMPRESSED, END_STREAM, PREFIX};
 use super::Error;
 use crate::http::stream::{self, SendError, StreamSender};
 use crate::http::{Response, ResponseBody};
@@ -14,53 +16,96 @@ use crate::http::{Response, ResponseBody};
 const SCRATCH_KEPT: usize = 1 << 20;
 
 thread_local! {
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A message as written, then (when compressed) its envelope.
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// The producer's end of a streaming answer. Dropped without [`Stream::finish`], the answer is
 /// cut off without its end-of-stream message, which clients read as a broken call.
 pub struct Stream {
     sender: StreamSender,
+    codec: Codec,
+    /// The client takes gzip messages: the state deflating them.
+    deflater: Option<RefCell<Deflater>>,
 }
 
 impl Stream {
-    /// A stream whose queue holds at most `capacity` bytes the client has not taken, and the
-    /// answer to return for the call.
-    pub fn open(capacity: usize) -> (Stream, Response) {
+    /// A stream in `codec` (its messages gzip when `gzip` and worth it) whose queue holds at
+    /// most `capacity` bytes the client has not taken, and the answer to return for the call.
+    pub fn open(codec: Codec, gzip: bool, capacity: usize) -> (Stream, Response) {
         let (sender, source) = stream::channel(capacity);
-        let response = Response::new(200, ResponseBody::Stream(source))
-            .with_header("Content-Type", "application/connect+json");
-        (Stream { sender }, response)
+        let mut response = Response::new(200, ResponseBody::Stream(source))
+            .with_header("Content-Type", codec.stream_type())
+            .with_header("Connect-Accept-Encoding", "gzip");
+        if gzip {
+            response = response.with_header("Connect-Content-Encoding", "gzip");
+        }
+        let stream = Stream {
+            sender,
+            codec,
+            deflater: gzip.then(|| RefCell::new(Deflater::default())),
+        };
+        (stream, response)
+    }
+
+    /// The codec messages are written in (for [`Stream::send_with`]).
+    pub fn codec(&self) -> Codec {
+        self.codec
     }
 
     /// Queues one message. `Full`: the client reads slower than the producer writes.
-    pub fn send<T: Serialize>(&self, message: &T) -> Result<(), SendError> {
-        // Messages are the services' own types, whose encoding cannot fail; if one did, the
-        // stream could not honestly go on.
-        let json = serde_json::to_vec(message).map_err(|_| SendError::Closed)?;
-        self.sender.send(&envelope::encode(0, &json))
+    pub fn send<T: Outgoing>(&self, message: &T) -> Result<(), SendError> {
+        let mut failed = false;
+        let sent = self.send_with(|out| {
+            // Messages are the services' own types, whose encoding cannot fail; if one did,
+            // the stream could not honestly go on.
+            failed = self.codec.encode(message, out).is_err();
+        });
+        if failed {
+            return Err(SendError::Closed);
+        }
+        sent
     }
 
-    /// Queues one message whose JSON `write` appends to the buffer it is given: for large
-    /// messages, written straight into their envelope (in a buffer the thread keeps, so a busy
-    /// producer allocates nothing per message) instead of through a serde value.
+    /// Queues one message that `write` appends, in the stream's [`codec`](Self::codec), to
+    /// the buffer it is given: large messages are written straight into their envelope (in
+    /// buffers the thread keeps, so a busy producer allocates nothing per message).
     pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), SendError> {
         SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut buffer) => {
-                envelope::encode_into(&mut buffer, 0, write);
-                let sent = self.sender.send(&buffer);
-                if buffer.capacity() > SCRATCH_KEPT {
-                    *buffer = Vec::new();
+            Ok(mut buffers) => {
+                let (message, envelope) = &mut *buffers;
+                let sent = self.frame(message, envelope, write);
+                for buffer in [message, envelope] {
+                    if buffer.capacity() > SCRATCH_KEPT {
+                        *buffer = Vec::new();
+                    }
                 }
                 sent
             }
-            // Only if `write` itself sent on this thread: no scratch to share, a buffer of its own.
-            Err(_) => {
-                let mut buffer = Vec::new();
-                envelope::encode_into(&mut buffer, 0, write);
-                self.sender.send(&buffer)
-            }
+            // Only if `write` itself sent on this thread: no scratch to share, buffers of its own.
+            Err(_) => self.frame(&mut Vec::new(), &mut Vec::new(), write),
         })
+    }
+
+    /// Writes the message into `message` (after room for the prefix), compresses it into
+    /// `envelope` when that is due, and queues the envelope.
+    fn frame(
+        &self,
+        message: &mut Vec<u8>,
+        envelope: &mut Vec<u8>,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), SendError> {
+        envelope::encode_into(message, 0, write);
+        let deflater = self.deflater.as_ref();
+        let Some(deflater) = deflater.filter(|_| message.len() - PREFIX >= compression::MIN_BYTES)
+        else {
+            return self.sender.send(message);
+        };
+        let mut deflater = deflater.borrow_mut();
+        envelope::encode_into(envelope, COMPRESSED, |out| {
+            deflater.gzip(&message[PREFIX..], out);
+        });
+        self.sender.send(envelope)
     }
 
     /// Whether a message of `bytes` would fit in the queue now (or the client is gone). If not,

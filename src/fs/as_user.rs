@@ -55,21 +55,22 @@ impl Identity {
         // The kernel's group check (`in_group_p`) is "the fsgid, or one of the groups": when
         // the thread's groups already are the user's besides the primary one (none, or the
         // same user's from a previous call on this thread), setting them changes no answer.
-        THREAD_GROUPS.with(|known| {
-            let mut known = known.borrow_mut();
-            let have = match known.take() {
-                Some(have) => have,
-                None => creds::groups()?,
-            };
-            if same_besides(&have, &self.groups, self.gid) {
-                *known = Some(have);
-            } else {
-                creds::set_groups(&self.groups)?;
-                *known = Some(self.groups.clone());
-            }
-            Ok(())
-        })
-        .map_err(fail)?;
+        THREAD_GROUPS
+            .with(|known| {
+                let mut known = known.borrow_mut();
+                let have = match known.take() {
+                    Some(have) => have,
+                    None => creds::groups()?,
+                };
+                if same_besides(&have, &self.groups, self.gid) {
+                    *known = Some(have);
+                } else {
+                    creds::set_groups(&self.groups)?;
+                    *known = Some(self.groups.clone());
+                }
+                Ok(())
+            })
+            .map_err(fail)?;
         let mut guard = AsUser {
             saved: Saved {
                 uid: None,

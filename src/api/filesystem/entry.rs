@@ -6,7 +6,7 @@ use std::io;
 use std::path::Path;
 
 use super::messages::{EntryInfo, FileType};
-use crate::connect::json::timestamp;
+use crate::connect::json::Timestamp;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
 use crate::sys::dir::{Dir, Stat};
@@ -73,11 +73,14 @@ fn describe(
     };
     let modified_time = match (stat.mtime, stat.mtime_nsec) {
         (0, 0) => None,
-        (seconds, nanos) => Some(timestamp(seconds, u32::try_from(nanos).unwrap_or(0))),
+        (seconds, nanos) => Some(Timestamp {
+            seconds,
+            nanos: i32::try_from(nanos).unwrap_or(0),
+        }),
     };
     EntryInfo {
         name: name_of(shown),
-        kind,
+        kind: kind.into(),
         path: shown.to_string_lossy().into_owned(),
         size: i64::try_from(stat.size).unwrap_or(i64::MAX),
         mode,
@@ -180,7 +183,7 @@ mod tests {
         let entry = entry_info(&file, &file, &owners).unwrap();
         assert_eq!(
             (entry.name.as_str(), entry.kind, entry.size),
-            ("a.txt", FileType::File, 5)
+            ("a.txt", FileType::File as i32, 5)
         );
         assert_eq!(entry.permissions.len(), 10);
         assert!(entry.modified_time.is_some() && entry.symlink_target.is_none());
@@ -188,7 +191,7 @@ mod tests {
         let entry = entry_info(&link, &link, &owners).unwrap();
         assert_eq!(
             entry.kind,
-            FileType::File,
+            FileType::File as i32,
             "a link is reported as its target's type"
         );
         assert!(entry.permissions.starts_with('L'));
@@ -196,7 +199,7 @@ mod tests {
         assert_eq!(entry.symlink_target.as_deref(), canonical.to_str());
 
         let entry = entry_info(&dangling, &dangling, &owners).unwrap();
-        assert_eq!((entry.kind, entry.mode), (FileType::Unspecified, 0));
+        assert_eq!((entry.kind, entry.mode), (FileType::Unspecified as i32, 0));
         assert_eq!(entry.symlink_target.as_deref(), dangling.to_str());
 
         let entry = entry_info(dir.path(), Path::new("/shown/here"), &owners).unwrap();
@@ -204,7 +207,7 @@ mod tests {
             (entry.name.as_str(), entry.path.as_str()),
             ("here", "/shown/here")
         );
-        assert_eq!(entry.kind, FileType::Directory);
+        assert_eq!(entry.kind, FileType::Directory as i32);
         assert_eq!(name_of(Path::new("/")), "/");
     }
 }

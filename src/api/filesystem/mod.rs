@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::rpc::{self, api_error, failed, keepalive_interval, Kind};
 use crate::app::{App, Resolver};
-use crate::connect::{self, Call, Code, Error};
+use crate::connect::{Call, Code, Error};
 use crate::fs::owners::Owners;
 use crate::fs::users::User;
 use crate::http::{Action, Head, Response};
@@ -68,7 +68,7 @@ fn run(
         .as_user(&caller.user)
         .map_err(|e| Error::new(Code::Internal, e.to_string()))?;
     Ok(match method {
-        "Stat" => connect::unary(&ops::stat(
+        "Stat" => call.unary(&ops::stat(
             &caller,
             &call.request::<PathRequest>(body)?.path,
         )?),
@@ -76,22 +76,22 @@ fn run(
         // of the long-call executor, which takes the user's credentials itself.
         "ListDir" => {
             let request: ListDirRequest = call.request(body)?;
-            let app = Arc::clone(app);
+            let (app, call) = (Arc::clone(app), call.clone());
             super::long_calls::run(move || {
                 let listed = app
                     .as_user(&caller.user)
                     .map_err(|e| Error::new(Code::Internal, e.to_string()))
                     .and_then(|_as_user| ops::list_dir(&caller, &request.path, request.depth));
-                listed.map_or_else(Error::into_response, |answer| connect::unary(&answer))
+                listed.map_or_else(Error::into_response, |answer| call.unary(&answer))
             })?
         }
         "MakeDir" => {
             let request: PathRequest = call.request(body)?;
-            connect::unary(&ops::make_dir(&caller, &request.path)?)
+            call.unary(&ops::make_dir(&caller, &request.path)?)
         }
         "Move" => {
             let request: MoveRequest = call.request(body)?;
-            connect::unary(&ops::rename(
+            call.unary(&ops::rename(
                 &caller,
                 &request.source,
                 &request.destination,
@@ -99,23 +99,23 @@ fn run(
         }
         "Remove" => {
             ops::remove(&caller, &call.request::<PathRequest>(body)?.path)?;
-            connect::unary(&Empty {})
+            call.unary(&Empty {})
         }
         "WatchDir" => {
             let keepalive = keepalive_interval(head);
             call.request(body)
                 .and_then(|request| watch::watch_dir(app, caller, call, keepalive, request))
-                .unwrap_or_else(failed)
+                .unwrap_or_else(|error| failed(call.codec, error))
         }
-        "CreateWatcher" => connect::unary(&watch::create_watcher(caller, call.request(body)?)?),
+        "CreateWatcher" => call.unary(&watch::create_watcher(caller, call.request(body)?)?),
         "GetWatcherEvents" => {
             let request: watch::WatcherRequest = call.request(body)?;
-            connect::unary(&watch::get_watcher_events(&request.watcher_id)?)
+            call.unary(&watch::get_watcher_events(&request.watcher_id)?)
         }
         "RemoveWatcher" => {
             let request: watch::WatcherRequest = call.request(body)?;
             watch::remove_watcher(&request.watcher_id)?;
-            connect::unary(&Empty {})
+            call.unary(&Empty {})
         }
         other => {
             return Err(Error::new(
@@ -124,6 +124,18 @@ fn run(
             ))
         }
     })
+}
+
+/// Every request message of the service read from `data` in `codec` (as
+/// `process::fuzz_requests`).
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_requests(codec: crate::connect::Codec, data: &[u8]) {
+    use crate::connect::codec::check_round_trip;
+    check_round_trip::<PathRequest>(codec, data);
+    check_round_trip::<ListDirRequest>(codec, data);
+    check_round_trip::<MoveRequest>(codec, data);
+    check_round_trip::<watch::WatchRequest>(codec, data);
+    check_round_trip::<watch::WatcherRequest>(codec, data);
 }
 
 /// Who calls: their user (for paths and ownership) and the names of owners for entries.

@@ -22,7 +22,7 @@ pub const MAX_LISTING_BYTES: usize = 32 << 20;
 pub fn stat(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
     let path = caller.resolve(path)?;
     Ok(EntryResponse {
-        entry: caller.entry(&path, &path)?,
+        entry: Some(caller.entry(&path, &path)?),
     })
 }
 
@@ -103,7 +103,7 @@ pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirRespon
                 ),
             ));
         }
-        let real_dir = entry.kind == FileType::Directory && entry.symlink_target.is_none();
+        let real_dir = entry.kind == FileType::Directory as i32 && entry.symlink_target.is_none();
         let child = if real_dir && level_depth < depth {
             match dir.open_dir(&name, false) {
                 Ok(child) => Some(child),
@@ -207,7 +207,7 @@ pub fn make_dir(caller: &Caller, path: &str) -> Result<EntryResponse, Error> {
         Err(Made::Failed(e)) => return Err(io_error(&e, "error creating directory", &path)),
     }
     Ok(EntryResponse {
-        entry: caller.entry(&path, &path)?,
+        entry: Some(caller.entry(&path, &path)?),
     })
 }
 
@@ -234,7 +234,7 @@ pub fn rename(caller: &Caller, source: &str, destination: &str) -> Result<EntryR
         }
     })?;
     Ok(EntryResponse {
-        entry: caller.entry(&destination, &destination)?,
+        entry: Some(caller.entry(&destination, &destination)?),
     })
 }
 

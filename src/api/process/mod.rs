@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::api::rpc::{self, failed, keepalive_interval, Kind};
 use crate::api::status::exhausted;
 use crate::app::App;
-use crate::connect::{self, Call, Code, Error};
+use crate::connect::{Call, Code, Error};
 use crate::http::{Action, Head, Response};
 use crate::proc::{Hub, ProcError};
 use input_stream::InputSink;
@@ -57,20 +57,20 @@ fn run(
     Ok(match method {
         "Start" => match call.request(body) {
             Ok(request) => start::start(app, username, call, keepalive_interval(head), request),
-            Err(error) => failed(error),
+            Err(error) => failed(call.codec, error),
         },
         "Connect" => match call.request(body) {
             Ok(request) => start::connect(call, keepalive_interval(head), request),
-            Err(error) => failed(error),
+            Err(error) => failed(call.codec, error),
         },
         "List" => {
             call.request::<messages::Empty>(body)?;
-            connect::unary(&ops::list())
+            call.unary(&ops::list())
         }
-        "SendInput" => connect::unary(&ops::send_input(call.request(body)?)?),
-        "SendSignal" => connect::unary(&ops::send_signal(call.request(body)?)?),
-        "CloseStdin" => connect::unary(&ops::close_stdin(call.request(body)?)?),
-        "Update" => connect::unary(&ops::update(call.request(body)?)?),
+        "SendInput" => call.unary(&ops::send_input(call.request(body)?)?),
+        "SendSignal" => call.unary(&ops::send_signal(call.request(body)?)?),
+        "CloseStdin" => call.unary(&ops::close_stdin(call.request(body)?)?),
+        "Update" => call.unary(&ops::update(call.request(body)?)?),
         other => {
             return Err(Error::new(
                 Code::Unimplemented,
@@ -78,6 +78,19 @@ fn run(
             ))
         }
     })
+}
+
+/// Every request message of the service read from `data` in `codec`; each one read re-encodes
+/// to bytes that read back as the same message (the fuzz target `connect_proto`).
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_requests(codec: crate::connect::Codec, data: &[u8]) {
+    use messages::*;
+    crate::connect::codec::check_round_trip::<StartRequest>(codec, data);
+    crate::connect::codec::check_round_trip::<SelectorRequest>(codec, data);
+    crate::connect::codec::check_round_trip::<SendInputRequest>(codec, data);
+    crate::connect::codec::check_round_trip::<SendSignalRequest>(codec, data);
+    crate::connect::codec::check_round_trip::<UpdateRequest>(codec, data);
+    input_stream::fuzz(codec, data);
 }
 
 /// The daemon's process hub, started on first use; failing to start it is usually the open

@@ -23,12 +23,12 @@ pub fn list() -> ListResponse {
         processes: processes
             .into_iter()
             .map(|p| ProcessInfo {
-                config: ProcessConfig {
+                config: Some(ProcessConfig {
                     cmd: p.config.cmd,
                     args: p.config.args,
                     envs: p.config.envs,
                     cwd: p.config.cwd,
-                },
+                }),
                 pid: p.pid,
                 tag: p.tag,
             })
@@ -41,9 +41,8 @@ pub fn send_input(request: SendInputRequest) -> Result<Empty, Error> {
     let selector = selector(request.process.as_ref())?;
     let input = request
         .input
-        .as_ref()
         .ok_or_else(|| Error::invalid_argument("process input: stdin or pty bytes are needed"))?
-        .input()?;
+        .into_input()?;
     let hub = running(&selector)?;
     match input {
         Input::Stdin(bytes) => hub
@@ -59,13 +58,21 @@ pub fn send_input(request: SendInputRequest) -> Result<Empty, Error> {
 /// `SendSignal`: `SIGTERM` or `SIGKILL` to the process's group.
 pub fn send_signal(request: SendSignalRequest) -> Result<Empty, Error> {
     let selector = selector(request.process.as_ref())?;
-    let signal = match request.signal {
-        Signal::Sigkill => libc::SIGKILL,
-        Signal::Sigterm => libc::SIGTERM,
-        Signal::Unspecified => {
+    let signal = match Signal::try_from(request.signal) {
+        Ok(Signal::Sigkill) => libc::SIGKILL,
+        Ok(Signal::Sigterm) => libc::SIGTERM,
+        Ok(Signal::Unspecified) => {
             return Err(Error::new(
                 Code::Unimplemented,
-                format!("invalid signal: {}", request.signal.as_str()),
+                format!("invalid signal: {}", Signal::Unspecified.as_str()),
+            ))
+        }
+        // A number the schema does not name (binary protobuf carries any): as envd, whose
+        // switch knows the same two.
+        Err(_) => {
+            return Err(Error::new(
+                Code::Unimplemented,
+                format!("invalid signal: {}", request.signal),
             ))
         }
     };

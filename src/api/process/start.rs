@@ -35,7 +35,8 @@ pub fn start(
     keepalive: Duration,
     request: StartRequest,
 ) -> Response {
-    start_process(app, username, call, keepalive, request).unwrap_or_else(failed)
+    start_process(app, username, call, keepalive, request)
+        .unwrap_or_else(|error| failed(call.codec, error))
 }
 
 fn start_process(
@@ -87,7 +88,7 @@ fn start_process(
         stdin: request.stdin.unwrap_or(true),
         tag: request.tag,
     };
-    let (mut stream, response) = ProcessStream::open(keepalive, call.timeout);
+    let (mut stream, response) = ProcessStream::open(call, keepalive);
     hub()?
         .start(&spec, call.timeout, move |pid| {
             stream.started(pid);
@@ -111,14 +112,14 @@ fn start_process(
 /// `Connect`: the stream of a live process from now on; of one that ended lately, its start and
 /// end (envd remembers ends for 30 s); else `not_found`.
 pub fn connect(call: &Call, keepalive: Duration, request: SelectorRequest) -> Response {
-    attach(call, keepalive, request).unwrap_or_else(failed)
+    attach(call, keepalive, request).unwrap_or_else(|error| failed(call.codec, error))
 }
 
 fn attach(call: &Call, keepalive: Duration, request: SelectorRequest) -> Result<Response, Error> {
     let selector = selector(request.process.as_ref())?;
     let hub =
         Hub::running().ok_or_else(|| proc_error(ProcError::NotFound(selector.clone()), ""))?;
-    let (stream, response) = ProcessStream::open(keepalive, call.timeout);
+    let (stream, response) = ProcessStream::open(call, keepalive);
     let attached = hub
         .attach(&selector, stream, ProcessStream::started)
         .map_err(|e| proc_error(e, "error connecting to process"))?;

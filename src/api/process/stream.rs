@@ -20,16 +20,17 @@
 
 use std::time::{Duration, Instant};
 
-use super::messages::{write_data_event, EndEvent, Event, EventResponse};
+use super::messages::{write_data_event, Empty, EndEvent, Event, EventResponse, StartEvent};
 use crate::api::rpc::LiveStream;
-use crate::connect::{Code, Error};
+use crate::connect::{Call, Code, Error};
 use crate::http::Response;
 use crate::proc::{Exit, OutputKind, Subscriber, Wake, CHUNK};
 
 /// Bytes of events a stream holds for a client that has not taken them.
 pub const QUEUE_BYTES: usize = 256 << 10;
-/// The largest event: a chunk of output in base64, with its JSON and envelope.
-const MAX_EVENT: usize = CHUNK.div_ceil(3) * 4 + 64;
+/// The largest event: a chunk of output in base64, with its JSON and envelope (and, gzip,
+/// deflate's few bytes per block of stored data and its framing).
+const MAX_EVENT: usize = CHUNK.div_ceil(3) * 4 + 256;
 const _: () = assert!(MAX_EVENT < QUEUE_BYTES);
 /// How long a client may take nothing while output waits for it.
 pub const STALL: Duration = Duration::from_secs(10);
@@ -43,8 +44,8 @@ pub struct ProcessStream {
 
 impl ProcessStream {
     /// A stream and the answer carrying it; nothing is queued yet.
-    pub fn open(keepalive: Duration, timeout: Option<Duration>) -> (ProcessStream, Response) {
-        let (live, response) = LiveStream::open(QUEUE_BYTES, "", keepalive, timeout);
+    pub fn open(call: &Call, keepalive: Duration) -> (ProcessStream, Response) {
+        let (live, response) = LiveStream::open(call, QUEUE_BYTES, "", keepalive);
         let stream = ProcessStream {
             live,
             blocked_since: None,
@@ -54,7 +55,7 @@ impl ProcessStream {
 
     /// Queues the start event (first, before any output).
     pub fn started(&mut self, pid: u32) {
-        self.send(Event::Start { pid });
+        self.send(Event::Start(StartEvent { pid }));
     }
 
     /// Queues the end event and ends the stream.
@@ -66,7 +67,7 @@ impl ProcessStream {
 
     /// Queues an event; false when the stream has ended (now or before).
     fn send(&mut self, event: Event) -> bool {
-        self.live.send(&EventResponse { event })
+        self.live.send(&EventResponse::of(event))
     }
 }
 
@@ -87,7 +88,8 @@ impl Subscriber for ProcessStream {
     }
 
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
-        self.live.send_raw(|out| write_data_event(out, kind, bytes))
+        self.live
+            .send_raw(|codec, out| write_data_event(codec, out, kind, bytes))
     }
 
     fn next_tick(&self) -> Option<Instant> {
@@ -113,12 +115,8 @@ impl Subscriber for ProcessStream {
             )));
             return false;
         }
-        self.live.keep_alive(
-            now,
-            &EventResponse {
-                event: Event::Keepalive {},
-            },
-        )
+        self.live
+            .keep_alive(now, &EventResponse::of(Event::Keepalive(Empty {})))
     }
 
     fn end(mut self: Box<Self>, exit: Exit) {

@@ -55,30 +55,38 @@ impl From<Op> for EventType {
 }
 
 /// `WatchDirRequest` and `CreateWatcherRequest`, which have the same fields.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, prost::Message)]
 #[serde(rename_all = "camelCase", default)]
 pub struct WatchRequest {
+    #[prost(string, tag = "1")]
     pub path: String,
+    #[prost(bool, tag = "2")]
     pub recursive: bool,
+    #[prost(bool, tag = "3")]
     pub include_entry: bool,
+    #[prost(bool, tag = "4")]
     pub allow_network_mounts: bool,
 }
 
 /// `GetWatcherEventsRequest` and `RemoveWatcherRequest`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, prost::Message)]
 #[serde(rename_all = "camelCase", default)]
 pub struct WatcherRequest {
+    #[prost(string, tag = "1")]
     pub watcher_id: String,
 }
 
 /// One change, as envd reports it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Clone, PartialEq, Serialize, prost::Message)]
 pub struct FilesystemEvent {
     /// Relative to the watched directory; `.` for the directory itself.
+    #[prost(string, tag = "1")]
     pub name: String,
-    #[serde(rename = "type")]
-    pub kind: EventType,
+    #[prost(enumeration = "EventType", tag = "2")]
+    #[serde(rename = "type", serialize_with = "EventType::to_json")]
+    pub kind: i32,
     /// With `includeEntry`, for a create, write or chmod, when the entry could be read.
+    #[prost(message, optional, tag = "3")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entry: Option<EntryInfo>,
 }
@@ -100,7 +108,7 @@ impl Describe {
         };
         FilesystemEvent {
             name: change.name.to_string_lossy().into_owned(),
-            kind: change.op.into(),
+            kind: EventType::from(change.op).into(),
             entry,
         }
     }
@@ -128,7 +136,6 @@ fn entry_bytes(entry: &EntryInfo) -> usize {
         + entry.permissions.capacity()
         + entry.owner.capacity()
         + entry.group.capacity()
-        + optional(&entry.modified_time)
         + optional(&entry.symlink_target)
         + metadata
 }

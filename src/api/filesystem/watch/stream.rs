@@ -36,6 +36,7 @@ use serde::Serialize;
 
 use super::budget::{self, Charge};
 use super::{directory, ended_error, hub, setup, Describe, FilesystemEvent, WatchRequest};
+use crate::api::filesystem::messages::Empty;
 use crate::api::filesystem::Caller;
 use crate::api::rpc::LiveStream;
 use crate::app::App;
@@ -46,13 +47,32 @@ use crate::http::Response;
 /// Bytes of messages a stream holds for a client that has not taken them.
 pub const QUEUE_BYTES: usize = 1 << 20;
 
-/// A message of the stream (`WatchDirResponse`, a oneof).
-#[derive(Serialize)]
+/// A message of the stream (`WatchDirResponse`).
+#[derive(Clone, PartialEq, Serialize, prost::Message)]
+struct Message {
+    #[prost(oneof = "Event", tags = "1, 2, 3")]
+    #[serde(flatten)]
+    event: Option<Event>,
+}
+
+/// `WatchDirResponse`'s oneof `event`.
+// Built to be sent at once, one at a time: the empty variants' wasted bytes are never many.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, PartialEq, Serialize, prost::Oneof)]
 #[serde(rename_all = "camelCase")]
-enum Message<'a> {
-    Start {},
-    Filesystem(&'a FilesystemEvent),
-    Keepalive {},
+enum Event {
+    #[prost(message, tag = "1")]
+    Start(Empty),
+    #[prost(message, tag = "2")]
+    Filesystem(FilesystemEvent),
+    #[prost(message, tag = "3")]
+    Keepalive(Empty),
+}
+
+impl Message {
+    fn of(event: Event) -> Message {
+        Message { event: Some(event) }
+    }
 }
 
 /// Starts watching and answers with the stream.
@@ -65,8 +85,7 @@ pub fn watch_dir(
 ) -> Result<Response, Error> {
     let dir = directory(&caller, &request)?;
     let hub = hub()?;
-    let (live, response) =
-        LiveStream::open(QUEUE_BYTES, "; the watch is ended", keepalive, call.timeout);
+    let (live, response) = LiveStream::open(call, QUEUE_BYTES, "; the watch is ended", keepalive);
     let sink = StreamSink {
         live,
         describe: Describe {
@@ -138,7 +157,7 @@ impl Sink for StreamSink {
     fn deliver(&mut self, change: &Change<'_>) -> bool {
         let event = self.describe.event(change);
         let Some(early) = &mut self.early else {
-            return self.send(&Message::Filesystem(&event));
+            return self.send(&Message::of(Event::Filesystem(event)));
         };
         let bytes = event.heap_bytes() + std::mem::size_of::<FilesystemEvent>();
         early.bytes += bytes;
@@ -161,13 +180,13 @@ impl Sink for StreamSink {
 
     fn ready(&mut self) -> bool {
         let early = self.early.take().unwrap_or_default();
-        if !self.send(&Message::Start {}) {
+        if !self.send(&Message::of(Event::Start(Empty {}))) {
             return false;
         }
         early
             .events
-            .iter()
-            .all(|event| self.send(&Message::Filesystem(event)))
+            .into_iter()
+            .all(|event| self.send(&Message::of(Event::Filesystem(event))))
     }
 
     fn next_tick(&self) -> Option<Instant> {
@@ -188,7 +207,9 @@ impl Sink for StreamSink {
             )));
             return false;
         }
-        self.live.keep_alive(now, &Message::Keepalive {}) && self.account()
+        self.live
+            .keep_alive(now, &Message::of(Event::Keepalive(Empty {})))
+            && self.account()
     }
 
     fn end(mut self: Box<Self>, ended: Ended) {
@@ -204,15 +225,22 @@ mod tests {
     fn messages_are_envds_oneof() {
         let event = FilesystemEvent {
             name: "a".into(),
-            kind: super::super::EventType::Create,
+            kind: super::super::EventType::Create.into(),
             entry: None,
         };
-        let json = |message: &Message| serde_json::to_string(message).unwrap();
-        assert_eq!(json(&Message::Start {}), r#"{"start":{}}"#);
-        assert_eq!(json(&Message::Keepalive {}), r#"{"keepalive":{}}"#);
+        let json = |event: Event| serde_json::to_string(&Message::of(event)).unwrap();
+        let proto = |event: Event| prost::Message::encode_to_vec(&Message::of(event));
+        assert_eq!(json(Event::Start(Empty {})), r#"{"start":{}}"#);
+        assert_eq!(json(Event::Keepalive(Empty {})), r#"{"keepalive":{}}"#);
         assert_eq!(
-            json(&Message::Filesystem(&event)),
+            json(Event::Filesystem(event.clone())),
             r#"{"filesystem":{"name":"a","type":"EVENT_TYPE_CREATE"}}"#
+        );
+        assert_eq!(proto(Event::Start(Empty {})), [0x0a, 0]);
+        assert_eq!(proto(Event::Keepalive(Empty {})), [0x1a, 0]);
+        assert_eq!(
+            proto(Event::Filesystem(event)),
+            [0x12, 5, 0x0a, 1, b'a', 0x10, 1]
         );
     }
 }

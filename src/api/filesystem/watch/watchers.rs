@@ -44,14 +44,16 @@ pub const MAX_BYTES: usize = 4 << 20;
 /// How long a watcher lives without `GetWatcherEvents`.
 pub const IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, PartialEq, Serialize, prost::Message)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateWatcherResponse {
+    #[prost(string, tag = "1")]
     pub watcher_id: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, PartialEq, Serialize, prost::Message)]
 pub struct GetWatcherEventsResponse {
+    #[prost(message, repeated, tag = "1")]
     pub events: Vec<FilesystemEvent>,
 }
 
