@@ -139,9 +139,21 @@ impl Run {
 /// Checks the answer's head (200, `application/connect+proto`) and reads the stream to its
 /// end, at most `limit`; the first event must be `start`.
 pub fn run_to_end(stream: &mut Stream, limit: Duration) -> Run {
+    run_on(stream, Run::default(), limit)
+}
+
+/// As `run_to_end`, for a stream whose `start` (`pid`) was read already.
+pub fn run_after_start(stream: &mut Stream, pid: u32, limit: Duration) -> Run {
+    let run = Run {
+        pid,
+        ..Run::default()
+    };
+    run_on(stream, run, limit)
+}
+
+fn run_on(stream: &mut Stream, mut run: Run, limit: Duration) -> Run {
     assert_eq!(stream.status, 200);
     assert_eq!(stream.header("content-type"), Some(STREAM));
-    let mut run = Run::default();
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

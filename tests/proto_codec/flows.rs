@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::client::{self, answer, decode, fixture, next, next_within, open, run_to_end, started};
+use super::client::{
+    self, answer, decode, fixture, next, next_within, open, run_after_start, run_to_end, started,
+};
 use super::messages::filesystem::{EntryResponse, FileType, ListDirResponse};
 use super::messages::process::{EndEvent, Event, EventResponse, ListResponse, Output};
 use crate::common::connect::{Stream, AS_USER, WAIT};
@@ -143,7 +145,7 @@ fn pid_reused(pid: u32) -> bool {
 fn a_terminal_is_resized_and_typed_into_in_proto() {
     let daemon = start();
     let mut stream = open(&daemon, START, &fixture("proc_start_pty"), &[]);
-    started(&mut stream);
+    let pid = started(&mut stream);
     let update = "process.Process/Update";
     let reply = client::unary(&daemon, update, &fixture("proc_update_pty"), &[]);
     assert_eq!(reply.body, b"", "UpdateResponse is empty");
@@ -151,7 +153,7 @@ fn a_terminal_is_resized_and_typed_into_in_proto() {
     let input = "process.Process/SendInput";
     let reply = client::unary(&daemon, input, &fixture("proc_send_input_pty"), &[]);
     answer::<super::messages::filesystem::Empty>(&reply);
-    let run = run_to_end(&mut stream, WAIT);
+    let run = run_after_start(&mut stream, pid, WAIT);
     assert!(run.stdout.is_empty() && run.stderr.is_empty());
     let shown = String::from_utf8_lossy(&run.pty);
     assert!(

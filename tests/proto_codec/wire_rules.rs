@@ -109,14 +109,18 @@ fn a_codec_or_an_encoding_sandboxd_does_not_speak_is_refused() {
     let accepted = reply.header("accept-encoding").unwrap_or_default();
     assert!(accepted.contains("gzip"), "Accept-Encoding: {accepted:?}");
 
-    // On a stream, the refusal is its end-of-stream message (a 200 stream, as every error once
-    // the framing is known: docs/spec.md §9b).
-    let br = [("Connect-Content-Encoding", "br")];
+    // On a stream too, before its answer starts (docs/spec.md §9b, Compression): 501 JSON,
+    // naming what is accepted.
+    let headers = [
+        ("X-Access-Token", TOKEN),
+        ("Content-Type", STREAM),
+        ("Connect-Content-Encoding", "br"),
+    ];
     let body = envelope(1, &fixture("proc_start_build_step"));
-    let mut stream = Stream::open_raw(&daemon, START, STREAM, &body, &br);
-    assert_eq!(stream.status, 200);
-    let (code, _) = end_of_stream(&next(&mut stream)).expect("an error");
-    assert_eq!(code, "unimplemented");
+    let reply = daemon.call_with("POST", &format!("/{START}"), &headers, &body);
+    let (status, code, message) = json_error(&reply);
+    assert_eq!((status, code.as_str()), (501, "unimplemented"), "{message}");
+    assert_eq!(reply.header("connect-accept-encoding"), Some("gzip"));
 }
 
 #[test]
