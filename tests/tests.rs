@@ -11,6 +11,8 @@ mod common;
 
 // POST /files/compose: order, deletion of the sources, validation, ownership, full disks, kills.
 mod compose;
+// Connect's gzip: compressed requests and messages, compressed answers, refused codings.
+mod connect_compression;
 // docs/spec.md, docs/openapi.yaml, the router and the documents' links agree (no daemon).
 mod docs;
 // The filesystem service beside a hostile local user: swapped entries, trees of any depth.

@@ -214,18 +214,16 @@ impl Call {
             }
         }
         // A stream's messages are compressed one by one; the body as a whole never is.
-        let (coding, other, accept, accept_answer) = match shape {
+        let (coding, other, accept) = match shape {
             Shape::Unary => (
-                "content-encoding",
-                "connect-content-encoding",
+                "Content-Encoding",
+                "Connect-Content-Encoding",
                 "Accept-Encoding",
-                "accept-encoding",
             ),
             Shape::ServerStream => (
-                "connect-content-encoding",
-                "content-encoding",
+                "Connect-Content-Encoding",
+                "Content-Encoding",
                 "Connect-Accept-Encoding",
-                "connect-accept-encoding",
             ),
         };
         let refuse = |name: &str, value: &[u8]| {
@@ -250,9 +248,7 @@ impl Call {
                 return Err(refuse(other, value));
             }
         }
-        let gzip_answer = head
-            .headers_named(accept_answer)
-            .any(compression::accepts_gzip);
+        let gzip_answer = head.headers_named(accept).any(compression::accepts_gzip);
         let timeout = match head.header("connect-timeout-ms") {
             None => None,
             Some(value) => Some(parse_timeout(value).map_err(Error::into_response)?),

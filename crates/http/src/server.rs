@@ -36,7 +36,11 @@ const FIRST_SLOT: u64 = 2;
 const WANT_IN: u32 = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
 /// Pause after an accept error that closing an idle connection could not cure.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-const WORKER_STACK: usize = 256 * 1024;
+/// A worker's stack: what handlers need, with room for deflate's state (sandboxd's gzip
+/// answers): miniz_oxide builds its 64 KiB LZ buffer on the stack before boxing it, which an
+/// unoptimized build copies more than once (256 KiB overflowed there; release builds need under
+/// 128 KiB). Only the pages a worker touches are resident.
+const WORKER_STACK: usize = 512 * 1024;
 /// A worker's buffer for request bodies.
 const SCRATCH_BYTES: usize = 256 * 1024;
 /// A worker's buffer for small answers (a head and an inline body).
