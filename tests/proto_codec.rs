@@ -10,11 +10,6 @@
 //! - `wire_rules`: errors as JSON, unknown fields, gzip both ways, refused codecs;
 //! - here: the table covers every method the spec names, and sends the same message in both
 //!   codecs (the fixtures' README gives each fixture as proto3 JSON).
-//!
-//! AWAITING main's worker-stack fix: `wire_rules::answers_are_gzip_for_clients_that_accept_it`
-//! makes a debug build's worker overflow its 256 KiB stack while it gzips a stream's message
-//! (miniz_oxide's state on the stack), and the daemon aborts. Not `#[ignore]`d: it is the
-//! test of that fix; every other test here passes with the codec merged from main.
 
 mod as_json;
 mod client;
