@@ -265,6 +265,12 @@ fn every_method_in(codec: Codec) -> Vec<(String, Value)> {
     let input = "process.Process/StreamInput";
     let mut answer = s.open(input);
     let message = client::next(&mut answer);
+    // The answer's bytes: StreamInputResponse, empty (`{}` in JSON), in a plain envelope.
+    let empty: &[u8] = match s.codec {
+        Codec::Json => b"{}",
+        Codec::Proto => b"",
+    };
+    assert_eq!((message.flags, message.message.as_slice()), (0, empty));
     let value = match s.codec {
         Codec::Json => serde_json::from_slice(&message.message).unwrap(),
         Codec::Proto => as_json::unary(input, &message.message),
