@@ -47,6 +47,9 @@ mod peers;
 mod process;
 // envd's process.Process Connect service: Start, Connect, List, input, signals, users, zombies.
 mod process_service;
+// Connect's binary protobuf codec with fixtures from a foreign encoder: every method in both
+// codecs, the orchestrator's flows, errors, unknown fields, gzip.
+mod proto_codec;
 // The route table, the router and docs/openapi.yaml agree.
 mod route_table;
 // Routing, errors, auth, /health, /envs, /init.

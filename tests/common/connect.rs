@@ -1,5 +1,6 @@
 //! Connect calls as the SDKs make them, over plain sockets: unary calls in JSON, and server
-//! streams read as they arrive, envelope by envelope, whatever the pieces the bytes come in.
+//! streams read as they arrive, envelope by envelope, whatever the pieces the bytes come in
+//! (JSON messages, or the raw envelopes of any codec: `open_raw`, `next_envelope_within`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -44,6 +45,13 @@ pub struct Message {
     pub json: Value,
 }
 
+/// One envelope of a stream: its flags and its message's bytes, in whatever codec.
+#[derive(Debug)]
+pub struct Envelope {
+    pub flags: u8,
+    pub message: Vec<u8>,
+}
+
 /// A server-streaming call, read as it arrives.
 pub struct Stream {
     pub socket: TcpStream,
@@ -65,9 +73,27 @@ impl Stream {
         headers: &[(&str, &str)],
     ) -> Stream {
         let body = envelope(0, request.to_string().as_bytes());
+        Stream::open_raw(
+            daemon,
+            procedure,
+            "application/connect+json",
+            &body,
+            headers,
+        )
+    }
+
+    /// Calls `/<procedure>` with `body` (its envelopes, as they are) sent as `content_type`,
+    /// the token and `headers`, and reads the answer's head.
+    pub fn open_raw(
+        daemon: &Daemon,
+        procedure: &str,
+        content_type: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Stream {
         let mut head = format!(
             "POST /{procedure} HTTP/1.1\r\nHost: test\r\nX-Access-Token: {TOKEN}\r\n\
-             Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+             Content-Type: {content_type}\r\nConnect-Protocol-Version: 1\r\n\
              Content-Length: {}\r\n",
             body.len()
         );
@@ -77,7 +103,7 @@ impl Stream {
         head.push_str("\r\n");
         let mut socket = daemon.connect();
         socket.write_all(head.as_bytes()).unwrap();
-        socket.write_all(&body).unwrap();
+        socket.write_all(body).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
@@ -173,16 +199,26 @@ impl Stream {
 
     /// The next message, waiting at most `limit`.
     pub fn next_within(&mut self, limit: Duration) -> Option<Message> {
+        let envelope = self.next_envelope_within(limit)?;
+        let json = serde_json::from_slice(&envelope.message).unwrap();
+        Some(Message {
+            end: envelope.flags & 0x02 != 0,
+            json,
+        })
+    }
+
+    /// The next envelope as it came (any codec), waiting at most `limit`.
+    pub fn next_envelope_within(&mut self, limit: Duration) -> Option<Envelope> {
         let deadline = Instant::now() + limit;
         loop {
             self.dechunk();
             if self.body.len() >= 5 {
                 let len = u32::from_be_bytes(self.body[1..5].try_into().unwrap()) as usize;
                 if self.body.len() >= 5 + len {
-                    let json = serde_json::from_slice(&self.body[5..5 + len]).unwrap();
-                    let end = self.body[0] & 0x02 != 0;
+                    let flags = self.body[0];
+                    let message = self.body[5..5 + len].to_vec();
                     self.body.drain(..5 + len);
-                    return Some(Message { end, json });
+                    return Some(Envelope { flags, message });
                 }
             }
             if self.ended || Instant::now() >= deadline {
