@@ -6,8 +6,10 @@
 //! libc's NSS.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::fs::error::FsError;
+use crate::fs::owners::{self, FileVersion};
 
 /// A passwd entry: what sandboxd needs to resolve paths and own files for a user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,15 +54,35 @@ pub fn parse_passwd(text: &str, name: &str) -> Option<User> {
 /// Reads the passwd file each call (users are added at runtime inside sandboxes).
 /// Unknown user → [`FsError::UnknownUser`]; unreadable file → an OS error naming the file.
 pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, FsError> {
-    let bytes = std::fs::read(passwd_file).map_err(|err| {
+    let text = passwd_text(passwd_file).map_err(|err| {
         FsError::io(
             err,
             format!("reading passwd file '{}'", passwd_file.display()),
         )
     })?;
-    // Non-UTF-8 bytes (say, a Latin-1 GECOS field) must not hide the other entries.
-    let text = String::from_utf8_lossy(&bytes);
     parse_passwd(&text, name).ok_or_else(|| FsError::UnknownUser(name.to_string()))
+}
+
+/// The passwd file's text, read again only when its identity, size or modification time
+/// changed (a `stat` per call instead of an open and reads: the file is read for every
+/// request that names a user). Non-UTF-8 bytes (say, a Latin-1 GECOS field) must not hide the
+/// other entries: they are replaced.
+fn passwd_text(passwd_file: &Path) -> std::io::Result<Arc<str>> {
+    type Cached = (PathBuf, FileVersion, Arc<str>);
+    static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
+    let version = owners::version(passwd_file);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let (Some((path, seen, text)), Some(version)) = (cache.as_ref(), version) {
+        if path == passwd_file && *seen == version {
+            return Ok(Arc::clone(text));
+        }
+    }
+    let bytes = std::fs::read(passwd_file)?;
+    let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
+    if let Some(version) = version {
+        *cache = Some((passwd_file.to_path_buf(), version, Arc::clone(&text)));
+    }
+    Ok(text)
 }
 
 /// Pure: the group ids of `user` from group-format text (name:pw:gid:member,member): the

@@ -100,9 +100,18 @@ pub fn get_at(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
     })
 }
 
-/// Runs a call that fills a buffer whose size it can tell: first asked with an empty buffer,
-/// then with one of that size, again if it grew in between (`ERANGE`).
+/// Runs a call that fills a buffer whose size it can tell: first with a buffer of
+/// [`FIRST_TRY`] bytes, which holds what most files have (nothing, or a few names), so one call
+/// does; when that is too small (`ERANGE`), asked for the size with an empty buffer, then with
+/// one of that size, again if it grew in between.
 fn read_sized(mut call: impl FnMut(&mut [u8]) -> libc::ssize_t) -> io::Result<Vec<u8>> {
+    let mut first = [0u8; FIRST_TRY];
+    match check_size(call(&mut first)) {
+        // Nothing (most files): no allocation at all.
+        Ok(len) => return Ok(first[..len].to_vec()),
+        Err(err) if err.raw_os_error() == Some(libc::ERANGE) => {}
+        Err(err) => return Err(err),
+    }
     loop {
         let needed = check_size(call(&mut []))?;
         let mut buf = vec![0u8; needed];
@@ -116,6 +125,9 @@ fn read_sized(mut call: impl FnMut(&mut [u8]) -> libc::ssize_t) -> io::Result<Ve
         }
     }
 }
+
+/// The buffer of a first try (see `read_sized`).
+const FIRST_TRY: usize = 1024;
 
 fn buf_ptr(buf: &mut [u8]) -> *mut libc::c_void {
     if buf.is_empty() {
