@@ -18,7 +18,7 @@ pub use usage::help;
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
     FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, OPTIONS, PASSWD_FILE,
-    PROC_ROOT, SEND_TIMEOUT, WORKERS,
+    PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +39,8 @@ pub struct Config {
     pub body_timeout: Duration,
     pub proc_root: PathBuf,
     pub cgroup_root: PathBuf,
+    /// `--system-root`: the directory standing for `/` when the daemon writes system files.
+    pub system_root: PathBuf,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
 }
@@ -103,6 +105,7 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         body_timeout: given.read(&BODY_TIMEOUT)?,
         proc_root: given.read(&PROC_ROOT)?,
         cgroup_root: given.read(&CGROUP_ROOT)?,
+        system_root: given.read(&SYSTEM_ROOT)?,
         fs_as_user: given.read(&FS_AS_USER)?,
     })
 }

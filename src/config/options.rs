@@ -78,6 +78,7 @@ pub const OPTIONS: &[Opt] = &[
     BODY_TIMEOUT.opt,
     PROC_ROOT.opt,
     CGROUP_ROOT.opt,
+    SYSTEM_ROOT.opt,
     FS_AS_USER.opt,
 ];
 
@@ -258,6 +259,18 @@ pub const PROC_ROOT: Setting<PathBuf> = Setting {
         help: "source of process and memory figures (tests use fixtures)",
     },
     parse: |_, text| non_empty_path(text),
+    absent: None,
+};
+
+pub const SYSTEM_ROOT: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--system-root"),
+        env: "SANDBOXD_SYSTEM_ROOT",
+        value: "PATH",
+        default: Fallback::Text("/"),
+        help: "where system files /init writes live (/etc/hosts, the CA store, /run/e2b)",
+    },
+    parse: |flag, text| absolute_path(flag, text),
     absent: None,
 };
 
