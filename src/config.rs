@@ -56,6 +56,8 @@ pub struct SignRequest {
     pub access_token_file: Option<PathBuf>,
 }
 
+// Parsed once at start and taken apart at once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     Serve(Config),
