@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::auth::{self, AuthError, Operation, SignedQuery};
 use crate::config::Config;
@@ -20,6 +20,7 @@ use crate::fs::users::{self, User};
 use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
+use crate::mmds::Mmds;
 use crate::stats::{Metrics, Sampler};
 
 pub struct App {
@@ -34,6 +35,8 @@ pub struct App {
     /// serialises the applying of `/init`s.
     last_init: Mutex<Option<i128>>,
     shutting_down: AtomicBool,
+    /// The metadata service client, with `--mmds-address`.
+    pub mmds: Option<Arc<Mmds>>,
     /// `None` when /proc could not be opened; retried on the next `/metrics`.
     sampler: Mutex<Option<Sampler>>,
 }
@@ -60,6 +63,9 @@ impl App {
             init_env: RwLock::new(BTreeMap::new()),
             last_init: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
+            mmds: config
+                .mmds_address
+                .map(|address| Arc::new(Mmds::new(address, config.system_root.clone()))),
             sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
             config,
         }
@@ -73,16 +79,22 @@ impl App {
         read(&self.defaults).clone()
     }
 
-    /// The environment of `/envs`: the start-up one overlaid with `/init`'s.
+    /// The environment of `/envs`: the start-up one overlaid with [`App::init_env`].
     pub fn environment(&self) -> BTreeMap<String, String> {
         let mut env = self.base_env.clone();
-        env.extend(read(&self.init_env).clone());
+        env.extend(self.init_env());
         env
     }
 
-    /// The variables the last `/init` set (a started process gets them, SPEC §9b).
+    /// The variables the last `/init` set, overlaid with the sandbox's identity from the
+    /// metadata service (which wins, as envd's internal variables do): a started process gets
+    /// them (SPEC §9b).
     pub fn init_env(&self) -> BTreeMap<String, String> {
-        read(&self.init_env).clone()
+        let mut env = read(&self.init_env).clone();
+        if let Some(mmds) = &self.mmds {
+            env.extend(mmds.environment());
+        }
+        env
     }
 
     /// The daemon's own `PATH`, which started processes inherit (envd's choice: of the daemon's
@@ -101,11 +113,11 @@ impl App {
     /// Applies a validated `/init` unless it has become stale meanwhile ([`App::init_is_stale`]);
     /// returns whether it was applied. A timestamp equal to the newest applies (as envd's), and
     /// an `/init` without one applies and leaves the newest as it was. Fields left `None` are
-    /// unchanged.
+    /// unchanged; a token of `Some(None)` clears it.
     pub fn apply_init(
         &self,
         timestamp: Option<i128>,
-        token: Option<String>,
+        token: Option<Option<String>>,
         env: Option<BTreeMap<String, String>>,
         user: Option<String>,
         workdir: Option<Option<PathBuf>>,
@@ -130,7 +142,7 @@ impl App {
             }
         }
         if let Some(token) = token {
-            *write(&self.token) = Some(token);
+            *write(&self.token) = token;
         }
         true
     }

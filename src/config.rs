@@ -17,8 +17,8 @@ pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, OPTIONS, PASSWD_FILE,
-    PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
+    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, MMDS_ADDRESS, OPTIONS,
+    PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +41,8 @@ pub struct Config {
     pub cgroup_root: PathBuf,
     /// `--system-root`: the directory standing for `/` when the daemon writes system files.
     pub system_root: PathBuf,
+    /// `--mmds-address`: the metadata service to read, if any (`crate::mmds`).
+    pub mmds_address: Option<SocketAddr>,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
 }
@@ -108,6 +110,7 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         proc_root: given.read(&PROC_ROOT)?,
         cgroup_root: given.read(&CGROUP_ROOT)?,
         system_root: given.read(&SYSTEM_ROOT)?,
+        mmds_address: given.read(&MMDS_ADDRESS)?,
         fs_as_user: given.read(&FS_AS_USER)?,
     })
 }

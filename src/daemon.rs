@@ -86,6 +86,10 @@ pub fn run(config: Config) -> ExitCode {
         crate::fs::temp::start_sweeper_now();
     }
     let app = Arc::new(App::new(config, token, env));
+    if let Some(mmds) = &app.mmds {
+        // Its own thread: start-up and /health never wait for the metadata service.
+        mmds.start();
+    }
     let router = Router {
         app: Arc::clone(&app),
     };

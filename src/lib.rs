@@ -21,6 +21,7 @@ pub mod fuzzing;
 /// The HTTP layer, its own crate (`crates/http`), under the name the modules use.
 use sandboxd_http as http;
 mod log;
+mod mmds;
 mod notify;
 mod proc;
 mod routes;

@@ -41,6 +41,8 @@ mod hardening_watch;
 mod http_layer;
 // GET /metrics against fixture /proc and cgroup roots and against the real machine.
 mod metrics;
+// The metadata service (MMDS v2, a fake on 127.0.0.1): identity, /init's token rules, stalls.
+mod mmds;
 // A peer's pace never holds a worker: slow readers, trickled bodies, partial heads.
 mod peers;
 // The process: flags, exit codes, signals and drain, readiness, logs, subcommands.

@@ -31,17 +31,14 @@
 //! keeps the version sandboxd reports below the ones whose clients rely on them.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use std::sync::Arc;
 
-use super::{collect_json, parse_json};
+use super::{collect_json, init_token, parse_json};
 use crate::app::App;
-use crate::auth::{self, AuthError};
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
@@ -126,7 +123,11 @@ pub fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
 /// Authorises, validates and applies one `/init` (the order is in the module documentation).
 pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiError> {
     let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
-    authorise(app, head, body.access_token.as_deref())?;
+    let change = init_token::authorise(app, head, body.access_token.as_deref())?;
+    if let Some(mmds) = &app.mmds {
+        // As envd after every authorised /init: a resumed or forked sandbox has a new identity.
+        mmds.poll();
+    }
     if app.init_is_stale(timestamp) {
         return Ok(Response::empty(204));
     }
@@ -159,71 +160,12 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
         }
     };
     // False only when a newer /init was applied since the check above: this one is stale now.
-    app.apply_init(
-        timestamp,
-        body.access_token,
-        body.env_vars,
-        body.default_user,
-        workdir,
-    );
+    let token = match change {
+        init_token::TokenChange::Clear => Some(None),
+        init_token::TokenChange::SetOrKeep => body.access_token.map(Some),
+    };
+    app.apply_init(timestamp, token, body.env_vars, body.default_user, workdir);
     Ok(Response::empty(204))
-}
-
-/// With a current token: the header, the body's `accessToken` equal to it, or a new
-/// `accessToken` the host authorised by its hash. Otherwise the header's refusal.
-fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Result<(), AuthError> {
-    let Some(current) = app.token() else {
-        return Ok(());
-    };
-    let header = auth::check_token(Some(&current), head.header("x-access-token"));
-    if header.is_ok() {
-        return Ok(());
-    }
-    let authorised = new_token.is_some_and(|token| {
-        auth::constant_time_eq(token.as_bytes(), current.as_bytes())
-            || host_authorised(app.config.init_token_hash_file.as_deref(), token)
-    });
-    if authorised {
-        Ok(())
-    } else {
-        header
-    }
-}
-
-/// Largest hash file read: a hex SHA-256 is 64 bytes; anything much longer is not one.
-const MAX_HASH_FILE: u64 = 4096;
-
-/// True when the file at `path` holds the hex SHA-256 of `token` (surrounding whitespace and
-/// the case of the hex digits ignored), compared in constant time. No file, an unreadable or
-/// empty one: false (an unreadable one is logged, without its content).
-fn host_authorised(path: Option<&Path>, token: &str) -> bool {
-    let Some(path) = path else {
-        return false;
-    };
-    let mut content = Vec::new();
-    let read = std::fs::File::open(path)
-        .and_then(|file| file.take(MAX_HASH_FILE).read_to_end(&mut content));
-    if let Err(e) = read {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            crate::log::line(format_args!(
-                "init: cannot read the token hash file '{}': {e}",
-                path.display()
-            ));
-        }
-        return false;
-    }
-    let expected = content.trim_ascii().to_ascii_lowercase();
-    !expected.is_empty() && auth::constant_time_eq(sha256_hex(token).as_bytes(), &expected)
-}
-
-/// Lower-case hex SHA-256 of `text`.
-fn sha256_hex(text: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .flat_map(|byte| [HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]])
-        .map(char::from)
-        .collect()
 }
 
 fn valid_env_name(name: &str) -> bool {
@@ -372,27 +314,5 @@ mod tests {
         let error = parse_timestamp(&"9".repeat(1000)).unwrap_err();
         assert_eq!(error.status, 400);
         assert!(error.message.len() < 200, "{}", error.message);
-    }
-
-    #[test]
-    fn sha256_hex_is_lower_case() {
-        assert_eq!(
-            sha256_hex("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
-
-    #[test]
-    fn the_hash_file_authorises_exactly_its_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hash");
-        assert!(!host_authorised(None, "new"));
-        assert!(!host_authorised(Some(&path), "new"), "no file");
-        std::fs::write(&path, "").unwrap();
-        assert!(!host_authorised(Some(&path), ""), "empty file");
-        std::fs::write(&path, format!("  {}\n", sha256_hex("new").to_uppercase())).unwrap();
-        assert!(host_authorised(Some(&path), "new"));
-        assert!(!host_authorised(Some(&path), "other"));
-        assert!(!host_authorised(Some(dir.path()), "new"), "a directory");
     }
 }

@@ -10,6 +10,7 @@ pub mod envs;
 pub mod filesystem;
 pub mod health;
 pub mod init;
+mod init_token;
 pub mod long_calls;
 pub mod metrics;
 pub mod process;

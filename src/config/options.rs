@@ -79,6 +79,7 @@ pub const OPTIONS: &[Opt] = &[
     PROC_ROOT.opt,
     CGROUP_ROOT.opt,
     SYSTEM_ROOT.opt,
+    MMDS_ADDRESS.opt,
     FS_AS_USER.opt,
 ];
 
@@ -272,6 +273,20 @@ pub const SYSTEM_ROOT: Setting<PathBuf> = Setting {
     },
     parse: |flag, text| absolute_path(flag, text),
     absent: None,
+};
+
+/// Off unless given: a daemon started as `sandboxd` contacts no metadata service (SPEC §9).
+pub const MMDS_ADDRESS: Setting<Option<SocketAddr>> = Setting {
+    opt: Opt {
+        flag: Some("--mmds-address"),
+        env: "SANDBOXD_MMDS_ADDRESS",
+        value: "HOST:PORT",
+        default: Fallback::Words("none: no metadata service"),
+        help: "Firecracker's metadata service (MMDS v2): the sandbox's identity and the hash of \
+               the token `/init` may set (envd's is `169.254.169.254:80`)",
+    },
+    parse: |flag, text| parse_addr(flag, text).map(Some),
+    absent: Some(|| None),
 };
 
 pub const CGROUP_ROOT: Setting<PathBuf> = Setting {

@@ -1,0 +1,442 @@
+//! The metadata service client (Firecracker MMDS v2, as envd's `internal/host/mmds.go` reads
+//! it): what the host tells the sandbox about itself. It owns the wire exchange (a token `PUT`,
+//! then `GET /` as JSON, plain HTTP/1.1 over a `TcpStream` with a timeout on every socket
+//! operation), the fields read from it ([`MmdsOpts`]), the background poller that turns the
+//! sandbox's identity into `E2B_SANDBOX_ID`, `E2B_TEMPLATE_ID` and the files under
+//! `/run/e2b/`, and envd's rule for the default address ([`envd_default_address`]).
+//!
+//! Off unless `--mmds-address` is given: without it nothing here runs and no socket is opened.
+//! Nothing here blocks start-up or `/health`: the poller is a thread of its own, and only
+//! `/init`, which needs the token's hash, waits for an answer (bounded by [`HASH_TIMEOUT`]).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+// Not wired into start-up yet: that comes with envd's command line (`-isnotfc`), so a daemon
+// started as `envd` can opt out; until then only an explicit `--mmds-address` turns MMDS on.
+#[allow(dead_code)]
+/// envd's address, used only under envd's program name (see [`envd_default_address`]).
+pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
+/// envd's MMDS token lifetime, sent in `X-metadata-token-ttl-seconds`.
+const TOKEN_TTL_SECONDS: u32 = 60;
+/// Each socket operation of the poller (connect, one write, one read) and its whole exchange.
+const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The whole of one `/init`'s read of the token hash (both requests): a stalled service holds
+/// that `/init`'s worker no longer than this.
+pub const HASH_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one poll goes on retrying before it gives up (envd: 60 s after an `/init`).
+const POLL_BUDGET: Duration = Duration::from_secs(60);
+/// The first pause between tries (envd's 50 ms tick), doubled after each failure up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Largest answer read: MMDS's JSON is a few hundred bytes.
+const MAX_ANSWER: usize = 64 * 1024;
+/// Where envd writes the sandbox's identity, under `--system-root`.
+const RUN_DIR: &str = "run/e2b";
+
+/// The fields envd reads from the metadata service; absent ones are empty, others ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct MmdsOpts {
+    /// The sandbox's id: `E2B_SANDBOX_ID`.
+    #[serde(rename = "instanceID", default)]
+    pub instance_id: String,
+    /// The template's id: `E2B_TEMPLATE_ID`.
+    #[serde(rename = "envID", default)]
+    pub env_id: String,
+    /// The logs collector's address (envd's exporter; not used by sandboxd yet).
+    #[serde(rename = "address", default)]
+    pub address: String,
+    /// Lower-case hex SHA-512 of the token `/init` may set; empty when the host set none.
+    #[serde(rename = "accessTokenHash", default)]
+    pub access_token_hash: String,
+}
+
+/// Parses MMDS's `GET /` answer.
+pub fn parse(body: &[u8]) -> Result<MmdsOpts, String> {
+    serde_json::from_slice(body).map_err(|e| format!("metadata is not the JSON expected: {e}"))
+}
+
+/// envd's rule for where the metadata service is: an explicit `--mmds-address` wins; a daemon
+/// started under the program name `envd` (a drop-in for envd, whose unit runs it without flags)
+/// uses envd's [`ENVD_ADDRESS`] unless envd's `-isnotfc` was given; any other name uses none.
+/// Pure, so it is tested with literals: no test runs a daemon that would contact that address.
+#[allow(dead_code)]
+pub fn envd_default_address(
+    program: &str,
+    given: Option<SocketAddr>,
+    is_not_fc: bool,
+) -> Option<SocketAddr> {
+    if given.is_some() {
+        return given;
+    }
+    let name = program.rsplit('/').next().unwrap_or(program);
+    if name == "envd" && !is_not_fc {
+        ENVD_ADDRESS.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// One read of the metadata service: the session token, then the metadata. `timeout` bounds
+/// every socket operation and each request as a whole.
+pub fn fetch(address: SocketAddr, timeout: Duration) -> Result<MmdsOpts, String> {
+    let token = exchange(
+        address,
+        timeout,
+        &format!(
+            "PUT /latest/api/token HTTP/1.1\r\nHost: {address}\r\n\
+             X-metadata-token-ttl-seconds: {TOKEN_TTL_SECONDS}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        ),
+    )
+    .map_err(|e| format!("token request: {e}"))?;
+    let token = String::from_utf8(token)
+        .ok()
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or("token request: the token is empty or not printable ASCII")?;
+    let body = exchange(
+        address,
+        timeout,
+        &format!(
+            "GET / HTTP/1.1\r\nHost: {address}\r\nX-metadata-token: {token}\r\n\
+             Accept: application/json\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .map_err(|e| format!("metadata request: {e}"))?;
+    parse(&body)
+}
+
+/// Sends `request` on a new connection and returns the body of a 200 answer.
+fn exchange(address: SocketAddr, timeout: Duration, request: &str) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + timeout;
+    let mut stream = TcpStream::connect_timeout(&address, timeout).map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .and_then(|()| stream.set_read_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("no complete answer in time".into());
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if answer.len() > MAX_ANSWER {
+            return Err(format!("answer longer than {MAX_ANSWER} bytes"));
+        }
+        if body_complete(&answer) {
+            break;
+        }
+    }
+    split_answer(&answer)
+}
+
+/// Whether `answer` holds a head and the whole body its `Content-Length` announces.
+fn body_complete(answer: &[u8]) -> bool {
+    let Some(end) = head_end(answer) else {
+        return false;
+    };
+    content_length(&answer[..end]).is_some_and(|length| answer.len() - end >= length)
+}
+
+/// The offset after the head's blank line.
+fn head_end(answer: &[u8]) -> Option<usize> {
+    answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4)
+}
+
+fn content_length(head: &[u8]) -> Option<usize> {
+    String::from_utf8_lossy(head)
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+}
+
+/// The body of a complete `200` answer (its `Content-Length`, else up to the close).
+fn split_answer(answer: &[u8]) -> Result<Vec<u8>, String> {
+    let end = head_end(answer).ok_or("the answer has no complete head")?;
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or("the answer has no status")?;
+    if status != 200 {
+        return Err(format!("status {status}"));
+    }
+    if head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && !value.trim().eq_ignore_ascii_case("identity")
+        })
+    }) {
+        return Err("a transfer-encoded answer is not supported".into());
+    }
+    let body = &answer[end..];
+    match content_length(&answer[..end]) {
+        Some(length) if body.len() < length => Err("the answer's body was cut short".into()),
+        Some(length) => Ok(body[..length].to_vec()),
+        None => Ok(body.to_vec()),
+    }
+}
+
+/// The sandbox's identity as the metadata service last gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    sandbox_id: String,
+    template_id: String,
+}
+
+/// The client of one daemon: its address, the identity last read and the poller's wake-up.
+pub struct Mmds {
+    address: SocketAddr,
+    system_root: PathBuf,
+    identity: RwLock<Option<Identity>>,
+    /// Whether a poll was asked for since the poller last started one.
+    wanted: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Mmds {
+    pub fn new(address: SocketAddr, system_root: PathBuf) -> Mmds {
+        Mmds {
+            address,
+            system_root,
+            identity: RwLock::new(None),
+            wanted: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// Writes `/run/e2b/.E2B_SANDBOX` (envd's `true` in a Firecracker guest), starts the poller
+    /// thread and asks it for a first poll. Returns at once.
+    pub fn start(self: &Arc<Self>) {
+        let dir = self.system_root.join(RUN_DIR);
+        if let Err(e) = write_run_file(&dir, ".E2B_SANDBOX", "true", 0o444) {
+            crate::log::line(format_args!("mmds: cannot write {}: {e}", dir.display()));
+        }
+        let mmds = Arc::clone(self);
+        let started = std::thread::Builder::new()
+            .name("mmds".into())
+            .spawn(move || mmds.poller());
+        if let Err(e) = started {
+            crate::log::line(format_args!("mmds: cannot start the poller: {e}"));
+        }
+        self.poll();
+    }
+
+    /// Asks the poller to read the service again (at start, and after each authorised `/init`:
+    /// a resumed or forked sandbox has a new id). Never blocks on the service.
+    pub fn poll(&self) {
+        *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.wake.notify_one();
+    }
+
+    /// The variables the identity adds to every environment: `E2B_SANDBOX=true`, and the two
+    /// ids once the service has answered.
+    pub fn environment(&self) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::from([("E2B_SANDBOX".to_string(), "true".to_string())]);
+        if let Some(identity) = &*self.identity.read().unwrap_or_else(|e| e.into_inner()) {
+            env.insert("E2B_SANDBOX_ID".into(), identity.sandbox_id.clone());
+            env.insert("E2B_TEMPLATE_ID".into(), identity.template_id.clone());
+        }
+        env
+    }
+
+    /// A fresh read of `accessTokenHash` for `/init`, bounded by [`HASH_TIMEOUT`] in all.
+    pub fn access_token_hash(&self) -> Result<String, String> {
+        fetch(self.address, HASH_TIMEOUT / 2).map(|opts| opts.access_token_hash)
+    }
+
+    /// The poller's loop: waits for a request, then tries until the service answers or the
+    /// budget is spent, pausing with a doubling backoff between tries.
+    fn poller(&self) {
+        loop {
+            {
+                let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+                while !*wanted {
+                    wanted = self.wake.wait(wanted).unwrap_or_else(|e| e.into_inner());
+                }
+                *wanted = false;
+            }
+            let deadline = Instant::now() + POLL_BUDGET;
+            let mut pause = FIRST_BACKOFF;
+            loop {
+                match fetch(self.address, POLL_TIMEOUT) {
+                    Ok(opts) => {
+                        self.learn(&opts);
+                        break;
+                    }
+                    Err(e) if Instant::now() + pause >= deadline => {
+                        crate::log::line(format_args!(
+                            "mmds: gave up polling {} (last error: {e})",
+                            self.address
+                        ));
+                        break;
+                    }
+                    Err(_) => std::thread::sleep(pause),
+                }
+                pause = (pause * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
+    /// Records the identity and writes envd's files for it.
+    fn learn(&self, opts: &MmdsOpts) {
+        let identity = Identity {
+            sandbox_id: opts.instance_id.clone(),
+            template_id: opts.env_id.clone(),
+        };
+        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
+        let dir = self.system_root.join(RUN_DIR);
+        for (name, value) in [
+            (".E2B_SANDBOX_ID", &opts.instance_id),
+            (".E2B_TEMPLATE_ID", &opts.env_id),
+        ] {
+            if let Err(e) = write_run_file(&dir, name, value, 0o644) {
+                crate::log::line(format_args!(
+                    "mmds: cannot write {}: {e}",
+                    dir.join(name).display()
+                ));
+            }
+        }
+    }
+}
+
+/// Writes `dir/name` atomically (a temporary file in `dir`, fsync, rename, fsync of `dir`), so
+/// a reader or a crash never sees a partial file; `dir` is created (0755) if missing.
+fn write_run_file(dir: &Path, name: &str, content: &str, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.write_all(content.as_bytes())?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        std::fs::rename(&temp, dir.join(name))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fields_envd_reads_are_parsed_and_others_ignored() {
+        let opts = parse(
+            br#"{"instanceID":"isb1","envID":"tpl2","address":"http://10.0.0.1:30006",
+                "accessTokenHash":"ab12","traceID":"x","nested":{"a":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            opts,
+            MmdsOpts {
+                instance_id: "isb1".into(),
+                env_id: "tpl2".into(),
+                address: "http://10.0.0.1:30006".into(),
+                access_token_hash: "ab12".into(),
+            }
+        );
+        assert_eq!(parse(b"{}").unwrap(), MmdsOpts::default());
+        assert!(parse(b"").is_err());
+        assert!(parse(b"not json").is_err());
+        assert!(parse(br#"{"instanceID": 5}"#).is_err());
+    }
+
+    #[test]
+    fn only_envd_s_program_name_defaults_to_envd_s_address() {
+        let envd: SocketAddr = "169.254.169.254:80".parse().unwrap();
+        let given: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(envd_default_address("envd", None, false), Some(envd));
+        assert_eq!(
+            envd_default_address("/usr/bin/envd", None, false),
+            Some(envd)
+        );
+        assert_eq!(envd_default_address("/usr/bin/envd", None, true), None);
+        assert_eq!(envd_default_address("sandboxd", None, false), None);
+        assert_eq!(envd_default_address("/usr/bin/sandboxd", None, false), None);
+        assert_eq!(envd_default_address("envd2", None, false), None);
+        assert_eq!(envd_default_address("", None, false), None);
+        assert_eq!(
+            envd_default_address("sandboxd", Some(given), false),
+            Some(given)
+        );
+        assert_eq!(envd_default_address("envd", Some(given), true), Some(given));
+    }
+
+    #[test]
+    fn answers_are_split_by_their_length_and_status() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef";
+        assert!(body_complete(ok));
+        assert_eq!(split_answer(ok).unwrap(), b"abc");
+        let short = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nabc";
+        assert!(!body_complete(short));
+        assert!(split_answer(short).is_err());
+        assert_eq!(
+            split_answer(b"HTTP/1.1 200 OK\r\n\r\nto-the-close").unwrap(),
+            b"to-the-close"
+        );
+        assert_eq!(
+            split_answer(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n").unwrap_err(),
+            "status 401"
+        );
+        assert!(
+            split_answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc").is_err()
+        );
+        assert!(split_answer(b"HTTP/1.1 200 OK\r\n").is_err());
+    }
+
+    #[test]
+    fn run_files_are_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("sandboxd-mmds-{}", std::process::id()));
+        let run = dir.join("run/e2b");
+        write_run_file(&run, ".E2B_SANDBOX_ID", "first-longer", 0o666).unwrap();
+        write_run_file(&run, ".E2B_SANDBOX_ID", "second", 0o666).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(run.join(".E2B_SANDBOX_ID")).unwrap(),
+            "second"
+        );
+        let names: Vec<_> = std::fs::read_dir(&run).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

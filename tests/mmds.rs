@@ -1,0 +1,388 @@
+//! The metadata service (issue 23, SPEC §9): a fake Firecracker MMDS v2 on 127.0.0.1 (a token
+//! `PUT`, then `GET /` as JSON; it can stall) feeds the sandbox's identity to `/envs`, started
+//! processes and `/run/e2b/` under `--system-root`, and the token hash `/init` checks as envd's
+//! `validateInitAccessToken` does. A stalled or absent service never delays start-up or
+//! `/health`. Nothing here contacts any address but 127.0.0.1.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sha2::{Digest, Sha512};
+
+use crate::common::connect::{Stream, WAIT};
+use crate::common::{assert_health_within, builder, Builder, Daemon, Reply, TOKEN};
+
+const MMDS_TOKEN: &str = "mmds-session-token-1";
+
+/// What the fake serves and what it saw.
+#[derive(Default)]
+struct State {
+    metadata: serde_json::Value,
+    /// Accept connections but never answer.
+    stall: bool,
+    /// Requests that broke MMDS v2's protocol, described.
+    violations: Vec<String>,
+    metadata_reads: usize,
+}
+
+/// A fake MMDS v2 on 127.0.0.1:0, one thread per connection.
+struct FakeMmds {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeMmds {
+    fn start(metadata: serde_json::Value) -> FakeMmds {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            metadata,
+            ..State::default()
+        }));
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let state = Arc::clone(&shared);
+                std::thread::spawn(move || serve(stream, &state));
+            }
+        });
+        FakeMmds { addr, state }
+    }
+
+    fn set(&self, change: impl FnOnce(&mut State)) {
+        change(&mut self.state.lock().unwrap());
+    }
+
+    fn violations(&self) -> Vec<String> {
+        self.state.lock().unwrap().violations.clone()
+    }
+
+    fn reads(&self) -> usize {
+        self.state.lock().unwrap().metadata_reads
+    }
+
+    /// A daemon using this service, its system root a temp dir of the test's.
+    fn daemon(&self, builder: Builder, root: &Path) -> Daemon {
+        builder
+            .arg("--mmds-address")
+            .arg(&self.addr.to_string())
+            .arg("--system-root")
+            .arg(root.to_str().unwrap())
+            .start()
+    }
+}
+
+/// One connection: checks the request against MMDS v2 and answers it, or stalls.
+fn serve(mut stream: TcpStream, state: &Mutex<State>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    if state.lock().unwrap().stall {
+        std::thread::sleep(Duration::from_secs(30));
+        return;
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_string())
+        })
+    };
+    let request_line = head.lines().next().unwrap_or("").to_string();
+    let (status, body) = if request_line.starts_with("PUT /latest/api/token ") {
+        match header("x-metadata-token-ttl-seconds").and_then(|t| t.parse::<u32>().ok()) {
+            Some(1..=21600) => (200, MMDS_TOKEN.to_string()),
+            _ => (400, "bad ttl".to_string()),
+        }
+    } else if request_line.starts_with("GET / ") {
+        let mut state = state.lock().unwrap();
+        if header("x-metadata-token").as_deref() != Some(MMDS_TOKEN) {
+            (401, "no token".to_string())
+        } else if header("accept").as_deref() != Some("application/json") {
+            (406, "json only".to_string())
+        } else {
+            state.metadata_reads += 1;
+            (200, state.metadata.to_string())
+        }
+    } else {
+        (405, String::new())
+    };
+    if status != 200 {
+        state
+            .lock()
+            .unwrap()
+            .violations
+            .push(format!("{status}: {request_line}"));
+    }
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn sha512_hex(text: &str) -> String {
+    Sha512::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn metadata(hash: &str) -> serde_json::Value {
+    json!({"instanceID": "isb-1", "envID": "tpl-1", "address": "", "accessTokenHash": hash})
+}
+
+fn envs(daemon: &Daemon, token: &str) -> Reply {
+    daemon.call_with("GET", "/envs", &[("X-Access-Token", token)], b"")
+}
+
+/// `/envs` (with `token`) once it holds `E2B_SANDBOX_ID` = `id`; panics after 10 s.
+fn wait_for_id(daemon: &Daemon, token: &str, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let env = envs(daemon, token).json();
+        if env["E2B_SANDBOX_ID"] == id {
+            return env;
+        }
+        assert!(Instant::now() < deadline, "no identity {id} in time: {env}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn init(daemon: &Daemon, headers: &[(&str, &str)], body: &str) -> Reply {
+    daemon.call_with("POST", "/init", headers, body.as_bytes())
+}
+
+/// Stdout of `sh -c script` started through the process service.
+fn run(daemon: &Daemon, script: &str) -> String {
+    let request = json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
+    let mut stream = Stream::open(daemon, "process.Process/Start", &request, &[]);
+    assert_eq!(stream.status, 200);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = stream.next_within(left).expect("the process ends");
+        if message.end {
+            return String::from_utf8(out).unwrap();
+        }
+        if let Some(text) = message.json["event"]["data"]["stdout"].as_str() {
+            out.extend(base64_simd::STANDARD.decode_to_vec(text).unwrap());
+        }
+    }
+}
+
+#[test]
+fn the_identity_reaches_envs_started_processes_and_run_e2b() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    let env = wait_for_id(&daemon, TOKEN, "isb-1");
+    assert_eq!(env["E2B_TEMPLATE_ID"], "tpl-1");
+    assert_eq!(env["E2B_SANDBOX"], "true");
+    let out = run(
+        &daemon,
+        "echo \"$E2B_SANDBOX_ID $E2B_TEMPLATE_ID $E2B_SANDBOX\"",
+    );
+    assert_eq!(out, "isb-1 tpl-1 true\n");
+    let run_dir = root.path().join("run/e2b");
+    let read = |name: &str| std::fs::read_to_string(run_dir.join(name)).unwrap();
+    assert_eq!(read(".E2B_SANDBOX_ID"), "isb-1");
+    assert_eq!(read(".E2B_TEMPLATE_ID"), "tpl-1");
+    assert_eq!(read(".E2B_SANDBOX"), "true");
+    // The identity wins over /init's variables, as envd's internal ones do.
+    let reply = init(
+        &daemon,
+        &[("X-Access-Token", TOKEN)],
+        r#"{"envVars":{"E2B_SANDBOX_ID":"spoofed","MINE":"1"}}"#,
+    );
+    assert_eq!(reply.status, 204);
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(
+        (env["E2B_SANDBOX_ID"].as_str(), env["MINE"].as_str()),
+        (Some("isb-1"), Some("1"))
+    );
+    assert_eq!(mmds.violations(), Vec::<String>::new(), "MMDS v2 spoken");
+}
+
+#[test]
+fn an_init_reads_the_identity_again_as_after_a_resume() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    wait_for_id(&daemon, TOKEN, "isb-1");
+    mmds.set(|s| s.metadata["instanceID"] = json!("isb-2"));
+    let reply = init(&daemon, &[("X-Access-Token", TOKEN)], "{}");
+    assert_eq!(reply.status, 204);
+    wait_for_id(&daemon, TOKEN, "isb-2");
+    let id = std::fs::read_to_string(root.path().join("run/e2b/.E2B_SANDBOX_ID")).unwrap();
+    assert_eq!(id, "isb-2");
+}
+
+#[test]
+fn a_resumed_sandbox_takes_the_new_token_whose_hash_mmds_holds() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    // The orchestrator sends no header, only the new token in the body.
+    let reply = init(
+        &daemon,
+        &[],
+        r#"{"accessToken":"new-token","envVars":{"V":"1"}}"#,
+    );
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    assert_eq!(envs(&daemon, TOKEN).status, 401, "the old token is refused");
+    assert_eq!(envs(&daemon, "new-token").json()["V"], "1");
+    assert!(mmds.reads() >= 1);
+}
+
+#[test]
+fn a_new_token_whose_hash_mmds_does_not_hold_is_refused_and_changes_nothing() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    let reply = init(
+        &daemon,
+        &[],
+        r#"{"accessToken":"someone-else","envVars":{"V":"x"}}"#,
+    );
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    let env = envs(&daemon, TOKEN);
+    assert_eq!(env.status, 200, "the old token is still valid");
+    assert_eq!(env.json()["V"], serde_json::Value::Null, "nothing applied");
+    assert_eq!(envs(&daemon, "someone-else").status, 401);
+    // Without a token at all, where one was never set: MMDS's hash still decides.
+    let fresh = mmds.daemon(builder().no_token(), root.path());
+    assert_eq!(init(&fresh, &[], r#"{"accessToken":"other"}"#).status, 401);
+    assert_eq!(
+        init(&fresh, &[], r#"{"accessToken":"new-token"}"#).status,
+        204
+    );
+    assert_eq!(envs(&fresh, "new-token").status, 200);
+}
+
+#[test]
+fn mmds_holding_the_empty_token_s_hash_lets_an_init_without_one_clear_it() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("")));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    let reply = init(&daemon, &[], r#"{"envVars":{"V":"cleared"}}"#);
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    let open = daemon.call_with("GET", "/envs", &[], b"");
+    assert_eq!(open.status, 200, "no token any more");
+    assert_eq!(open.json()["V"], "cleared");
+}
+
+#[test]
+fn an_init_without_a_token_clears_nothing_unless_mmds_says_so() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    // envd's "reset not authorized": refused, nothing changes.
+    let reply = init(&daemon, &[], r#"{"envVars":{"V":"x"}}"#);
+    assert_eq!(reply.status, 401);
+    assert_eq!(daemon.call_with("GET", "/envs", &[], b"").status, 401);
+    // Authorised by the header, it keeps the token (only MMDS's empty hash clears).
+    let reply = init(
+        &daemon,
+        &[("X-Access-Token", TOKEN)],
+        r#"{"envVars":{"V":"y"}}"#,
+    );
+    assert_eq!(reply.status, 204);
+    assert_eq!(daemon.call_with("GET", "/envs", &[], b"").status, 401);
+    assert_eq!(envs(&daemon, TOKEN).json()["V"], "y");
+}
+
+#[test]
+fn a_stalled_mmds_delays_neither_start_up_nor_health() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    mmds.set(|s| s.stall = true);
+    let root = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let daemon = mmds.daemon(builder(), root.path());
+    assert_health_within(&daemon, Duration::from_secs(2));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    for _ in 0..5 {
+        assert_health_within(&daemon, Duration::from_secs(1));
+    }
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(env["E2B_SANDBOX"], "true");
+    assert_eq!(
+        env["E2B_SANDBOX_ID"],
+        serde_json::Value::Null,
+        "not known yet"
+    );
+    // /init waits for the hash a bounded time, then goes on without it: the current token
+    // still authorises, a new one alone does not.
+    let started = Instant::now();
+    assert_eq!(
+        init(&daemon, &[], r#"{"accessToken":"new-token"}"#).status,
+        401
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    let reply = init(&daemon, &[], &format!(r#"{{"accessToken":"{TOKEN}"}}"#));
+    assert_eq!(reply.status, 204);
+    // Once it answers, the identity arrives.
+    mmds.set(|s| s.stall = false);
+    wait_for_id(&daemon, TOKEN, "isb-1");
+}
+
+#[test]
+fn an_mmds_that_is_down_changes_nothing_but_the_missing_identity() {
+    let down = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = down.local_addr().unwrap();
+    drop(down);
+    let root = tempfile::tempdir().unwrap();
+    let daemon = builder()
+        .arg("--mmds-address")
+        .arg(&addr.to_string())
+        .arg("--system-root")
+        .arg(root.path().to_str().unwrap())
+        .start();
+    assert_health_within(&daemon, Duration::from_secs(2));
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(env["E2B_SANDBOX"], "true");
+    assert_eq!(env["E2B_SANDBOX_ID"], serde_json::Value::Null);
+    assert_eq!(init(&daemon, &[], r#"{"accessToken":"new"}"#).status, 401);
+    assert_eq!(
+        init(
+            &daemon,
+            &[("X-Access-Token", TOKEN)],
+            r#"{"accessToken":"new"}"#
+        )
+        .status,
+        204
+    );
+    assert_eq!(envs(&daemon, "new").status, 200);
+}
+
+#[test]
+fn without_mmds_address_no_identity_and_no_run_files() {
+    let root = tempfile::tempdir().unwrap();
+    let daemon = builder()
+        .arg("--system-root")
+        .arg(root.path().to_str().unwrap())
+        .start();
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(env["E2B_SANDBOX"], serde_json::Value::Null);
+    assert!(!root.path().join("run").exists());
+}
