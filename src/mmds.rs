@@ -117,9 +117,13 @@ pub fn fetch(address: SocketAddr, timeout: Duration) -> Result<MmdsOpts, String>
 fn exchange(address: SocketAddr, timeout: Duration, request: &str) -> Result<Vec<u8>, String> {
     let deadline = Instant::now() + timeout;
     let mut stream = TcpStream::connect_timeout(&address, timeout).map_err(|e| e.to_string())?;
+    // What is left of `timeout` after the connect bounds the write; the reads share the rest.
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err("no answer in time".into());
+    }
     stream
-        .set_write_timeout(Some(timeout))
-        .and_then(|()| stream.set_read_timeout(Some(timeout)))
+        .set_write_timeout(Some(left))
         .map_err(|e| e.to_string())?;
     stream
         .write_all(request.as_bytes())

@@ -14,17 +14,12 @@
 //! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
 //! resume.
 //!
-//! **Authorisation.** Without a current token `/init` is open, as every route is. With one, the
-//! caller presents it in `X-Access-Token` or as the body's `accessToken`, or sends a new
-//! `accessToken` whose lower-case hex SHA-256 is the content of `--init-token-hash-file`
-//! (trimmed; read on each such request, so the host may write it at any time before). That is
-//! how a host rotates the token of a sandbox resumed from a snapshot, which still holds the old
-//! one. envd reads that hash (SHA-512 there) from Firecracker's MMDS; sandboxd reads a file the
-//! host or init writes. A missing, unreadable or empty file authorises nothing, and the hash
-//! only ever adds a way in: with no current token nothing is refused because of it.
+//! **Authorisation** is envd's `validateInitAccessToken` with the metadata service's token hash,
+//! plus the current token in `X-Access-Token` and `--init-token-hash-file`: all in
+//! [`init_token`](super::init_token), which also says when an `/init` clears the token. Every
+//! authorised `/init` asks the metadata service's poller for the identity again (`crate::mmds`).
 //!
-//! **Where sandboxd differs from envd on purpose.** An `/init` without `accessToken` leaves the
-//! token as it is (envd clears it when the host allows); a token is never cleared. The clock is
+//! **Where sandboxd differs from envd on purpose.** The clock is
 //! not set from `timestamp` (envd sets the guest's clock; that is the VM's init's business, and
 //! sandboxd need not run as root). Other fields envd knows (`hyperloopIP`, `caBundle`,
 //! `volumeMounts`, `lifecycleID`) are accepted and ignored; see [`ENVD_VERSION`] for why that
@@ -53,7 +48,8 @@ use crate::http::{Action, Head, Response};
 ///
 /// - 0.4.0: requests without `username` mean the default user (SDKs stop sending `user`). Have.
 /// - 0.5.0: the host re-keys a resumed snapshot through `/init` (the orchestrator's snapshot
-///   gate). Have, through `--init-token-hash-file`.
+///   gate). Have: the metadata service's `accessTokenHash` (`--mmds-address`), or
+///   `--init-token-hash-file` where there is no metadata service.
 /// - 0.5.1–0.5.2: `Content-Disposition` on downloads, `volumeMounts` accepted by `/init` (only
 ///   sent from 0.5.14 on). Have.
 /// - 0.5.3: `Content-Encoding: gzip` uploads. Have.
