@@ -237,13 +237,9 @@ impl Mmds {
         }
     }
 
-    /// Writes `/run/e2b/.E2B_SANDBOX` (envd's `true` in a Firecracker guest), starts the poller
-    /// thread and asks it for a first poll. Returns at once.
+    /// Starts the poller thread, which first writes `/run/e2b/.E2B_SANDBOX` (envd's `true` in a
+    /// Firecracker guest), and asks it for a first poll. Returns at once.
     pub fn start(self: &Arc<Self>) {
-        let dir = self.system_root.join(RUN_DIR);
-        if let Err(e) = write_run_file(&dir, ".E2B_SANDBOX", "true", 0o444) {
-            crate::log::line(format_args!("mmds: cannot write {}: {e}", dir.display()));
-        }
         let mmds = Arc::clone(self);
         let started = std::thread::Builder::new()
             .name("mmds".into())
@@ -280,6 +276,10 @@ impl Mmds {
     /// The poller's loop: waits for a request, then tries until the service answers or the
     /// budget is spent, pausing with a doubling backoff between tries.
     fn poller(&self) {
+        let dir = self.system_root.join(RUN_DIR);
+        if let Err(e) = write_run_file(&dir, ".E2B_SANDBOX", "true", 0o444) {
+            crate::log::line(format_args!("mmds: cannot write {}: {e}", dir.display()));
+        }
         loop {
             {
                 let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
@@ -310,13 +310,8 @@ impl Mmds {
         }
     }
 
-    /// Records the identity and writes envd's files for it.
+    /// Writes envd's files for the identity, then records it.
     fn learn(&self, opts: &MmdsOpts) {
-        let identity = Identity {
-            sandbox_id: opts.instance_id.clone(),
-            template_id: opts.env_id.clone(),
-        };
-        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
         let dir = self.system_root.join(RUN_DIR);
         for (name, value) in [
             (".E2B_SANDBOX_ID", &opts.instance_id),
@@ -329,6 +324,12 @@ impl Mmds {
                 ));
             }
         }
+        // After the files: whoever sees the new identity finds them written.
+        let identity = Identity {
+            sandbox_id: opts.instance_id.clone(),
+            template_id: opts.env_id.clone(),
+        };
+        *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
     }
 }
 

@@ -24,6 +24,8 @@ struct State {
     metadata: serde_json::Value,
     /// Accept connections but never answer.
     stall: bool,
+    /// Answer the metadata with this text instead of the JSON.
+    garbage: Option<&'static str>,
     /// Requests that broke MMDS v2's protocol, described.
     violations: Vec<String>,
     metadata_reads: usize,
@@ -113,7 +115,10 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
             (406, "json only".to_string())
         } else {
             state.metadata_reads += 1;
-            (200, state.metadata.to_string())
+            match state.garbage {
+                Some(text) => (200, text.to_string()),
+                None => (200, state.metadata.to_string()),
+            }
         }
     } else {
         (405, String::new())
@@ -385,4 +390,46 @@ fn without_mmds_address_no_identity_and_no_run_files() {
     let env = envs(&daemon, TOKEN).json();
     assert_eq!(env["E2B_SANDBOX"], serde_json::Value::Null);
     assert!(!root.path().join("run").exists());
+}
+
+#[test]
+fn metadata_that_is_not_the_json_expected_is_no_identity_and_no_hash() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    mmds.set(|s| s.garbage = Some("<html>not json</html>"));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder().no_token(), root.path());
+    assert_health_within(&daemon, Duration::from_secs(2));
+    // No hash and no token: first set-up is open, whatever the new token.
+    assert_eq!(init(&daemon, &[], r#"{"accessToken":"any"}"#).status, 204);
+    let env = envs(&daemon, "any").json();
+    assert_eq!(env["E2B_SANDBOX_ID"], serde_json::Value::Null);
+    assert!(!root.path().join("run/e2b/.E2B_SANDBOX_ID").exists());
+    // Once the service answers properly, the identity arrives (the poller kept trying).
+    mmds.set(|s| s.garbage = None);
+    wait_for_id(&daemon, "any", "isb-1");
+}
+
+#[test]
+fn an_empty_hash_in_mmds_is_no_hash() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder().no_token(), root.path());
+    assert_eq!(init(&daemon, &[], r#"{"accessToken":"first"}"#).status, 204);
+    // Now a token is set and MMDS holds no hash: only the current one re-keys.
+    assert_eq!(
+        init(&daemon, &[], r#"{"accessToken":"second"}"#).status,
+        401
+    );
+    assert_eq!(
+        init(&daemon, &[], r#"{}"#).status,
+        401,
+        "no reset without the empty hash"
+    );
+    let reply = init(
+        &daemon,
+        &[("X-Access-Token", "first")],
+        r#"{"accessToken":"second"}"#,
+    );
+    assert_eq!(reply.status, 204);
+    assert_eq!(envs(&daemon, "second").status, 200);
 }
