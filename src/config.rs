@@ -344,6 +344,22 @@ mod tests {
     }
 
     #[test]
+    fn the_metadata_service_is_off_unless_given() {
+        assert_eq!(serve(&[], &no_env).mmds_address, None);
+        let env = |name: &str| (name == "SANDBOXD_MMDS_ADDRESS").then(|| "127.0.0.1:7".to_string());
+        assert_eq!(
+            serve(&[], &env).mmds_address,
+            Some("127.0.0.1:7".parse().unwrap())
+        );
+        assert_eq!(
+            serve(&["--mmds-address", "127.0.0.1:8"], &env).mmds_address,
+            Some("127.0.0.1:8".parse().unwrap())
+        );
+        assert!(parse(&args(&["--mmds-address", "169.254.169.254"]), &no_env).is_err());
+        assert!(parse(&args(&["--mmds-address", ""]), &no_env).is_err());
+    }
+
+    #[test]
     fn healthcheck_defaults_to_loopback_of_the_listen_port() {
         assert_eq!(
             parse(&args(&["--healthcheck"]), &no_env).unwrap(),

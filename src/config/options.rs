@@ -124,7 +124,8 @@ pub const INIT_TOKEN_HASH_FILE: Setting<Option<PathBuf>> = Setting {
         env: "SANDBOXD_INIT_TOKEN_HASH_FILE",
         value: "PATH",
         default: Fallback::Words("none"),
-        help: "hex SHA-256 of a token `/init` may set without the current one (read per request)",
+        help: "hex SHA-256 of a token `/init` may set without the current one (read per request; \
+               for hosts without a metadata service)",
     },
     parse: |_, text| non_empty_path(text).map(Some),
     absent: Some(|| None),
