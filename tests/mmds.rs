@@ -346,9 +346,22 @@ fn a_stalled_mmds_delays_neither_start_up_nor_health() {
     );
     let reply = init(&daemon, &[], &format!(r#"{{"accessToken":"{TOKEN}"}}"#));
     assert_eq!(reply.status, 204);
+    // The holder of the current token rotating it never waits on the service.
+    let started = Instant::now();
+    let reply = init(
+        &daemon,
+        &[("X-Access-Token", TOKEN)],
+        r#"{"accessToken":"rotated"}"#,
+    );
+    assert_eq!(reply.status, 204);
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        started.elapsed()
+    );
     // Once it answers, the identity arrives.
     mmds.set(|s| s.stall = false);
-    wait_for_id(&daemon, TOKEN, "isb-1");
+    wait_for_id(&daemon, "rotated", "isb-1");
 }
 
 #[test]

@@ -48,6 +48,20 @@ pub fn authorise(
             return Ok(TokenChange::SetOrKeep);
         }
     }
+    // sandboxd's own ways in. With a new token they decide alone, so the holder of the current
+    // token never waits on the metadata service; without one, the service may still say
+    // "clear".
+    let own = current.as_deref().map(|current| {
+        let header = auth::check_token(Some(current), head.header("x-access-token"));
+        let by_file = new_token.is_some_and(|token| {
+            host_authorised(app.config.init_token_hash_file.as_deref(), token)
+        });
+        (header, by_file)
+    });
+    if new_token.is_some() && matches!(&own, Some((header, by_file)) if header.is_ok() || *by_file)
+    {
+        return Ok(TokenChange::SetOrKeep);
+    }
     let (matches, hash_held) = match &app.mmds {
         Some(mmds) => match mmds.access_token_hash() {
             Ok(hash) => check_hash(&hash, new_token),
@@ -60,26 +74,15 @@ pub fn authorise(
         },
         None => (false, false),
     };
-    if matches {
-        return Ok(match new_token {
-            None => TokenChange::Clear,
-            Some(_) => TokenChange::SetOrKeep,
-        });
-    }
-    let Some(current) = current else {
-        return if hash_held {
-            Err(AuthError::WrongToken)
-        } else {
-            Ok(TokenChange::SetOrKeep)
-        };
-    };
-    let header = auth::check_token(Some(&current), head.header("x-access-token"));
-    let by_file = new_token
-        .is_some_and(|token| host_authorised(app.config.init_token_hash_file.as_deref(), token));
-    if header.is_ok() || by_file {
-        Ok(TokenChange::SetOrKeep)
-    } else {
-        header.map(|()| TokenChange::SetOrKeep)
+    match (matches, own) {
+        (true, _) if new_token.is_none() => Ok(TokenChange::Clear),
+        (true, _) => Ok(TokenChange::SetOrKeep),
+        // No token set: first set-up, unless the service holds a hash this one does not match.
+        (false, None) if hash_held => Err(AuthError::WrongToken),
+        (false, None) => Ok(TokenChange::SetOrKeep),
+        // A token set, and no way in left but the header (the hash file needs a new token,
+        // which returned above): the header's answer, keeping the token.
+        (false, Some((header, _))) => header.map(|()| TokenChange::SetOrKeep),
     }
 }
 
