@@ -22,6 +22,7 @@ pub mod fuzzing;
 use sandboxd_http as http;
 mod log;
 mod notify;
+mod platform;
 mod proc;
 mod routes;
 mod stats;

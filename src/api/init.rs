@@ -45,6 +45,7 @@ use crate::auth::{self, AuthError};
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
+use crate::platform::init_files;
 
 /// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
 /// builder runs `envd -version` and records the answer as the template's envd version) and sent
@@ -92,6 +93,11 @@ pub struct InitBody {
     default_workdir: Option<String>,
     /// RFC 3339; an `/init` older than the newest one applied changes nothing.
     timestamp: Option<String>,
+    /// PEM certificates for the trust store; `""` removes the installed one.
+    ca_bundle: Option<String>,
+    /// The address of `events.e2b.local` (`/etc/hosts`, `E2B_EVENTS_ADDRESS`).
+    #[serde(rename = "hyperloopIP")]
+    hyperloop_ip: Option<String>,
 }
 
 /// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
@@ -158,6 +164,9 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
             )))
         }
     };
+    let system_files =
+        init_files::Request::parse(body.ca_bundle.as_deref(), body.hyperloop_ip.as_deref())?;
+    system_files.apply(app, timestamp)?;
     // False only when a newer /init was applied since the check above: this one is stale now.
     app.apply_init(
         timestamp,
