@@ -2,15 +2,17 @@
 //! them (`internal/host/cacerts.go`): appended to the bundle TLS clients read,
 //! `/etc/ssl/certs/ca-certificates.crt`, and persisted alone in
 //! `/usr/local/share/ca-certificates/e2b-ca.crt`, where `update-ca-certificates` finds it when it
-//! rebuilds the bundle. Both under `--system-root`.
+//! rebuilds the bundle. Both under `--system-root`, and a third beside the persisted one while an
+//! install runs ([`PENDING`]).
 //!
 //! [`validate`] and [`edit`] are pure (text in, text out); [`install`] and [`uninstall`] do the
 //! I/O. The persisted file is also the record of what is in the bundle: a later `/init` removes
 //! every copy of the certificate it holds (and of the new one) from the bundle and appends the
-//! new one, in one atomic rewrite (`atomic_file`), then replaces the persisted file. Written in
-//! that order, a crash between the two leaves the bundle right and the next `/init` finishes the
-//! job; and since the record is on disk, a restarted daemon still replaces the certificate
-//! rather than adding a second (envd keeps it in memory and appends again after a restart).
+//! new one, in one atomic rewrite (`atomic_file`), then replaces the persisted file; the new
+//! certificate is named in [`PENDING`] meanwhile, so a crash between the two leaves nothing the
+//! next `/init` does not clean (see [`install`]). Since the record is on disk, a restarted daemon
+//! still replaces the certificate rather than adding a second (envd keeps it in memory and
+//! appends again after a restart).
 //!
 //! The certificate is appended as the client sent it, with exactly one trailing `\n` (envd's
 //! normalisation), so its removal is an exact text match.
@@ -165,40 +167,61 @@ fn remove_all(haystack: &[u8], needle: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The certificate being installed, recorded before the bundle is rewritten and removed once
+/// the persisted file holds it: a crash in between leaves its name, and the next `/init` takes
+/// that certificate out of the bundle too. Not a `.crt`, so `update-ca-certificates` skips it.
+pub const PENDING: &str = "usr/local/share/ca-certificates/.e2b-ca.crt.pending";
+
 /// Puts `pem` (validated and normalised) in the bundle under `root` in place of the previous
 /// certificate, then persists it. Rewrites nothing that is already so.
+///
+/// Order: the pending record, the bundle, the persisted file, the record's removal. Killed at
+/// any point, the bundle holds the previous certificate or the new one, whole, and the next
+/// install or uninstall removes whichever of them it no longer wants.
 pub fn install(root: &Path, pem: &str) -> Result<(), FileError> {
-    let persisted = root.join(PERSISTED);
+    let (persisted, pending) = (root.join(PERSISTED), root.join(PENDING));
     let previous = atomic_file::read_optional(&persisted)?;
-    replace_in_bundle(root, previous.as_deref(), Some(pem.as_bytes()))?;
-    if previous.as_deref() != Some(pem.as_bytes()) {
+    let mut crashed = atomic_file::read_optional(&pending)?;
+    let new = previous.as_deref() != Some(pem.as_bytes());
+    if new && crashed.as_deref() != Some(pem.as_bytes()) {
+        if let Some(crashed) = crashed.take() {
+            // A crashed install's certificate: out of the bundle before the record goes.
+            replace_in_bundle(root, &[&crashed], None)?;
+        }
+        atomic_file::write(&pending, pem.as_bytes())?;
+    }
+    let remove: Vec<&[u8]> = previous.iter().chain(&crashed).map(Vec::as_slice).collect();
+    replace_in_bundle(root, &remove, Some(pem.as_bytes()))?;
+    if new {
         atomic_file::write(&persisted, pem.as_bytes())?;
     }
-    Ok(())
+    atomic_file::remove(&pending)
 }
 
-/// Removes the persisted certificate from the bundle under `root`, then the persisted file.
+/// Removes the persisted certificate (and a crashed install's) from the bundle under `root`,
+/// then the persisted file.
 pub fn uninstall(root: &Path) -> Result<(), FileError> {
-    let persisted = root.join(PERSISTED);
-    let Some(previous) = atomic_file::read_optional(&persisted)? else {
+    let (persisted, pending) = (root.join(PERSISTED), root.join(PENDING));
+    let previous = atomic_file::read_optional(&persisted)?;
+    let crashed = atomic_file::read_optional(&pending)?;
+    let remove: Vec<&[u8]> = previous.iter().chain(&crashed).map(Vec::as_slice).collect();
+    if remove.is_empty() {
         return Ok(());
-    };
-    replace_in_bundle(root, Some(&previous), None)?;
-    atomic_file::remove(&persisted)
+    }
+    replace_in_bundle(root, &remove, None)?;
+    atomic_file::remove(&persisted)?;
+    atomic_file::remove(&pending)
 }
 
-fn replace_in_bundle(
-    root: &Path,
-    previous: Option<&[u8]>,
-    add: Option<&[u8]>,
-) -> Result<(), FileError> {
+/// Rewrites the bundle under `root` without any copy of `remove` and with `add` at its end,
+/// if that changes it. A missing bundle is created only to add.
+fn replace_in_bundle(root: &Path, remove: &[&[u8]], add: Option<&[u8]>) -> Result<(), FileError> {
     let path = root.join(BUNDLE);
     let bundle = atomic_file::read_optional(&path)?;
     if bundle.is_none() && add.is_none() {
         return Ok(());
     }
-    let remove: Vec<&[u8]> = previous.into_iter().collect();
-    match edit(bundle.as_deref().unwrap_or_default(), &remove, add) {
+    match edit(bundle.as_deref().unwrap_or_default(), remove, add) {
         Some(edited) => atomic_file::write(&path, &edited),
         None => Ok(()),
     }
