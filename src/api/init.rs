@@ -23,12 +23,16 @@
 //! host or init writes. A missing, unreadable or empty file authorises nothing, and the hash
 //! only ever adds a way in: with no current token nothing is refused because of it.
 //!
+//! **System files.** `caBundle` and `hyperloopIP` are validated with the other fields (step 4)
+//! and written under `--system-root` before the in-memory fields are applied; how, and what a
+//! failure does, is `platform::init_files`'.
+//!
 //! **Where sandboxd differs from envd on purpose.** An `/init` without `accessToken` leaves the
 //! token as it is (envd clears it when the host allows); a token is never cleared. The clock is
 //! not set from `timestamp` (envd sets the guest's clock; that is the VM's init's business, and
-//! sandboxd need not run as root). Other fields envd knows (`hyperloopIP`, `caBundle`,
-//! `volumeMounts`, `lifecycleID`) are accepted and ignored; see [`ENVD_VERSION`] for why that
-//! keeps the version sandboxd reports below the ones whose clients rely on them.
+//! sandboxd need not run as root). `volumeMounts` and `lifecycleID` are accepted and ignored;
+//! see [`ENVD_VERSION`] for why that keeps the version sandboxd reports below the ones whose
+//! clients rely on them.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -63,8 +67,9 @@ use crate::platform::init_files;
 /// - 0.5.3: `Content-Encoding: gzip` uploads. Have.
 /// - 0.5.5 `/files/compose`, 0.5.7 raw `application/octet-stream` uploads (the SDKs' default
 ///   for streams, and their only way to send gzip), 0.5.9 `mem_cache`. Have.
-/// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on).
-///   **Missing**.
+/// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on;
+///   envd's commit "Propagate CA bundle to sandbox trust store on init"). Have
+///   (`platform::ca_bundle`).
 /// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on).
 ///   **Missing**.
 /// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
@@ -72,16 +77,17 @@ use crate::platform::init_files;
 ///   0.6.2 also means everything above.
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd:
 ///   have (SPEC §9b), `StreamInput` as a half-duplex client stream. Their SDK gates below
-///   0.5.12 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
+///   0.5.13 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
 ///   are therefore open; those above (0.6.3 entries in watch events, 0.6.4
 ///   `allowNetworkMounts`), which sandboxd has too, wait for the level.
 ///
-/// Hence 0.5.12, the last level before the first gap (0.5.13): with it the SDKs send raw
+/// Hence 0.5.13, the last level before the first gap (0.5.14): with it the SDKs send raw
 /// `application/octet-stream` uploads for streams and gzip ones for `gzip=True` (which sandboxd
-/// has), and neither E2B's API nor its orchestrator turns on a feature sandboxd would silently
-/// drop. They still refuse `metadata=` on the client side, although sandboxd stores it: 0.6.2
-/// (SPEC's example) needs `caBundle`, `volumeMounts`, `/freeze` and `/unfreeze` too.
-pub const ENVD_VERSION: &str = "0.5.12";
+/// has), E2B's API allows network rules (whose proxy CA `/init` installs), and neither the API
+/// nor the orchestrator turns on a feature sandboxd would silently drop. The SDKs still refuse
+/// `metadata=` on the client side, although sandboxd stores it: 0.6.2 (SPEC's example) needs
+/// `volumeMounts`, `/freeze` and `/unfreeze` too.
+pub const ENVD_VERSION: &str = "0.5.13";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]
