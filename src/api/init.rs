@@ -1,4 +1,5 @@
-//! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir.
+//! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir,
+//! and have the system files written (`platform::init_files`).
 //!
 //! [`begin`] looks at the head, [`post`] parses the collected body; [`apply`] decides from the parsed [`InitBody`] and the head, so
 //! how the body's bytes reach a handler can change without touching the rules. Their order is
@@ -8,7 +9,9 @@
 //! 2. the caller is authorised, else 401 (below);
 //! 3. an `/init` whose `timestamp` is older than the newest one applied changes nothing: 204;
 //! 4. every field is validated before anything changes (400, or 401 for an unknown user);
-//! 5. it is applied: 204.
+//! 5. the system files (`caBundle`, `hyperloopIP`) are written (500 when the CA files cannot
+//!    be, and nothing below happens);
+//! 6. the rest is applied: 204.
 //!
 //! Every answer, errors included, carries `Cache-Control: no-store` and `X-Envd-Version`, as
 //! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
