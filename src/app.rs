@@ -21,6 +21,7 @@ use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
 use crate::mmds::Mmds;
+use crate::platform::init_files::SystemFiles;
 use crate::stats::{Metrics, Sampler};
 
 pub struct App {
@@ -31,6 +32,11 @@ pub struct App {
     base_env: BTreeMap<String, String>,
     /// Variables set by the last `/init`.
     init_env: RwLock<BTreeMap<String, String>>,
+    /// Variables the daemon sets itself (envd's internal ones, `E2B_EVENTS_ADDRESS`): they
+    /// win over `/init`'s `envVars` of the same name, which can't change them.
+    internal_env: RwLock<BTreeMap<String, String>>,
+    /// The lock and order of `/init`'s system files (`platform::init_files`).
+    system_files: SystemFiles,
     /// Unix nanoseconds of the newest `timestamp` an applied `/init` carried; its lock also
     /// serialises the applying of `/init`s.
     last_init: Mutex<Option<i128>>,
@@ -61,6 +67,8 @@ impl App {
                 .filter(|(key, _)| !key.starts_with("SANDBOXD_"))
                 .collect(),
             init_env: RwLock::new(BTreeMap::new()),
+            internal_env: RwLock::new(BTreeMap::new()),
+            system_files: SystemFiles::default(),
             last_init: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
             mmds: config
@@ -86,15 +94,26 @@ impl App {
         env
     }
 
-    /// The variables the last `/init` set, overlaid with the sandbox's identity from the
-    /// metadata service (which wins, as envd's internal variables do): a started process gets
-    /// them (SPEC §9b).
+    /// The variables the last `/init` set, overlaid with the daemon's internal ones (`/init`'s
+    /// `E2B_EVENTS_ADDRESS`), then with the sandbox's identity from the metadata service (which
+    /// wins, as envd's internal variables do): a started process gets them (SPEC §9b).
     pub fn init_env(&self) -> BTreeMap<String, String> {
         let mut env = read(&self.init_env).clone();
+        env.extend(read(&self.internal_env).clone());
         if let Some(mmds) = &self.mmds {
             env.extend(mmds.environment());
         }
         env
+    }
+
+    /// Sets one of the daemon's internal variables (SPEC §9).
+    pub fn set_internal_env(&self, key: &str, value: String) {
+        write(&self.internal_env).insert(key.to_string(), value);
+    }
+
+    /// The lock and order of `/init`'s system files.
+    pub fn system_files(&self) -> &SystemFiles {
+        &self.system_files
     }
 
     /// The daemon's own `PATH`, which started processes inherit (envd's choice: of the daemon's

@@ -304,3 +304,42 @@ pub fn connect_proto(data: &[u8]) {
         assert_eq!(inflate(&again).expect("its own gzip inflates"), plain);
     }
 }
+
+/// `/init`'s system-file editors. The hosts editor, with an address the first byte picks, over
+/// the rest as a hosts file: editing its own output changes nothing, and the name then has
+/// one line, the last. The CA bundle: validating never panics; a valid one, appended to the
+/// input as a bundle, is appended once, kept by the same install, and gone after removal.
+pub fn init_system_files(data: &[u8]) {
+    use crate::platform::{ca_bundle, hosts};
+    let Some((&pick, text)) = data.split_first() else {
+        return;
+    };
+    let addresses = ["10.11.0.1", "10.11.0.2", "fd00::1", "::ffff:10.0.0.1"];
+    let Ok(address) = addresses[usize::from(pick) % addresses.len()].parse() else {
+        return;
+    };
+    let edited = hosts::set_entry(text, hosts::EVENTS_HOST, address);
+    let settled = edited.as_deref().unwrap_or(text);
+    assert!(
+        hosts::set_entry(settled, hosts::EVENTS_HOST, address).is_none(),
+        "not idempotent on {text:?}"
+    );
+    if let Some(edited) = &edited {
+        let entry = format!("{:<16} {}", address.to_string(), hosts::EVENTS_HOST);
+        let last = edited
+            .strip_suffix(b"\n")
+            .map(|rest| rest.strip_suffix(b"\r").unwrap_or(rest))
+            .and_then(|rest| rest.rsplit(|&b| b == b'\n').next());
+        assert_eq!(last, Some(entry.as_bytes()), "{edited:?}");
+    }
+
+    let Ok(pem) = ca_bundle::validate(&String::from_utf8_lossy(text)) else {
+        return;
+    };
+    let pem = pem.as_bytes();
+    let installed = ca_bundle::edit(text, &[], Some(pem)).unwrap_or_else(|| text.to_vec());
+    assert!(installed.ends_with(pem));
+    assert!(ca_bundle::edit(&installed, &[pem], Some(pem)).is_none());
+    let removed = ca_bundle::edit(&installed, &[pem], None).unwrap_or(installed);
+    assert!(!removed.windows(pem.len()).any(|window| window == pem));
+}

@@ -23,6 +23,7 @@ use sandboxd_http as http;
 mod log;
 mod mmds;
 mod notify;
+mod platform;
 mod proc;
 mod routes;
 mod stats;

@@ -17,6 +17,8 @@ mod connect_compression;
 mod docs;
 // The filesystem service beside a hostile local user: swapped entries, trees of any depth.
 mod hardening_fs;
+// /init's system files under --system-root: caBundle, hyperloopIP, kills mid-write.
+mod init_system_files;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

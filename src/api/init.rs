@@ -1,4 +1,5 @@
-//! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir.
+//! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir,
+//! and have the system files written (`platform::init_files`).
 //!
 //! [`begin`] looks at the head, [`post`] parses the collected body; [`apply`] decides from the parsed [`InitBody`] and the head, so
 //! how the body's bytes reach a handler can change without touching the rules. Their order is
@@ -8,7 +9,9 @@
 //! 2. the caller is authorised, else 401 (below);
 //! 3. an `/init` whose `timestamp` is older than the newest one applied changes nothing: 204;
 //! 4. every field is validated before anything changes (400, or 401 for an unknown user);
-//! 5. it is applied: 204.
+//! 5. the system files (`caBundle`, `hyperloopIP`) are written (500 when the CA files cannot
+//!    be, and nothing below happens);
+//! 6. the rest is applied: 204.
 //!
 //! Every answer, errors included, carries `Cache-Control: no-store` and `X-Envd-Version`, as
 //! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
@@ -19,11 +22,15 @@
 //! [`init_token`](super::init_token), which also says when an `/init` clears the token. Every
 //! authorised `/init` asks the metadata service's poller for the identity again (`crate::mmds`).
 //!
+//! **System files.** `caBundle` and `hyperloopIP` are validated with the other fields (step 4)
+//! and written under `--system-root` before the in-memory fields are applied; how, and what a
+//! failure does, is `platform::init_files`'.
+//!
 //! **Where sandboxd differs from envd on purpose.** The clock is
 //! not set from `timestamp` (envd sets the guest's clock; that is the VM's init's business, and
-//! sandboxd need not run as root). Other fields envd knows (`hyperloopIP`, `caBundle`,
-//! `volumeMounts`, `lifecycleID`) are accepted and ignored; see [`ENVD_VERSION`] for why that
-//! keeps the version sandboxd reports below the ones whose clients rely on them.
+//! sandboxd need not run as root). `volumeMounts` and `lifecycleID` are accepted and ignored;
+//! see [`ENVD_VERSION`] for why that keeps the version sandboxd reports below the ones whose
+//! clients rely on them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +44,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
+use crate::platform::init_files;
 
 /// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
 /// builder runs `envd -version` and records the answer as the template's envd version) and sent
@@ -55,8 +63,9 @@ use crate::http::{Action, Head, Response};
 /// - 0.5.3: `Content-Encoding: gzip` uploads. Have.
 /// - 0.5.5 `/files/compose`, 0.5.7 raw `application/octet-stream` uploads (the SDKs' default
 ///   for streams, and their only way to send gzip), 0.5.9 `mem_cache`. Have.
-/// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on).
-///   **Missing**.
+/// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on;
+///   envd's commit "Propagate CA bundle to sandbox trust store on init"). Have
+///   (`platform::ca_bundle`).
 /// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on).
 ///   **Missing**.
 /// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
@@ -64,16 +73,17 @@ use crate::http::{Action, Head, Response};
 ///   0.6.2 also means everything above.
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd:
 ///   have (SPEC §9b), `StreamInput` as a half-duplex client stream. Their SDK gates below
-///   0.5.12 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
+///   0.5.13 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
 ///   are therefore open; those above (0.6.3 entries in watch events, 0.6.4
 ///   `allowNetworkMounts`), which sandboxd has too, wait for the level.
 ///
-/// Hence 0.5.12, the last level before the first gap (0.5.13): with it the SDKs send raw
+/// Hence 0.5.13, the last level before the first gap (0.5.14): with it the SDKs send raw
 /// `application/octet-stream` uploads for streams and gzip ones for `gzip=True` (which sandboxd
-/// has), and neither E2B's API nor its orchestrator turns on a feature sandboxd would silently
-/// drop. They still refuse `metadata=` on the client side, although sandboxd stores it: 0.6.2
-/// (SPEC's example) needs `caBundle`, `volumeMounts`, `/freeze` and `/unfreeze` too.
-pub const ENVD_VERSION: &str = "0.5.12";
+/// has), E2B's API allows network rules (whose proxy CA `/init` installs), and neither the API
+/// nor the orchestrator turns on a feature sandboxd would silently drop. The SDKs still refuse
+/// `metadata=` on the client side, although sandboxd stores it: 0.6.2 (SPEC's example) needs
+/// `volumeMounts`, `/freeze` and `/unfreeze` too.
+pub const ENVD_VERSION: &str = "0.5.13";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]
@@ -85,6 +95,11 @@ pub struct InitBody {
     default_workdir: Option<String>,
     /// RFC 3339; an `/init` older than the newest one applied changes nothing.
     timestamp: Option<String>,
+    /// PEM certificates for the trust store; `""` removes the installed one.
+    ca_bundle: Option<String>,
+    /// The address of `events.e2b.local` (`/etc/hosts`, `E2B_EVENTS_ADDRESS`).
+    #[serde(rename = "hyperloopIP")]
+    hyperloop_ip: Option<String>,
 }
 
 /// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
@@ -155,6 +170,9 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
             )))
         }
     };
+    let system_files =
+        init_files::Request::parse(body.ca_bundle.as_deref(), body.hyperloop_ip.as_deref())?;
+    system_files.apply(app, timestamp)?;
     // False only when a newer /init was applied since the check above: this one is stale now.
     let token = match change {
         init_token::TokenChange::Clear => Some(None),

@@ -1,0 +1,13 @@
+//! E2B's platform side of the daemon (the orchestrator as a client): what `/init` does to the
+//! system beyond the daemon's own memory. Each effect is a module of its own that acts only on
+//! paths under `--system-root`, so a test points it at a directory of its own.
+//!
+//! - [`atomic_file`]: the one way a system file is replaced (temporary, `fsync`, `rename`).
+//! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
+//! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
+//! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
+
+pub mod atomic_file;
+pub mod ca_bundle;
+pub mod hosts;
+pub mod init_files;
