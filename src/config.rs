@@ -5,6 +5,7 @@
 //! table from it. Parsing is pure (arguments and an environment lookup in, a [`Command`] or a
 //! one-line error out) so tests feed it literals.
 
+mod envd;
 mod options;
 mod usage;
 
@@ -12,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use envd::{EnvdFlags, COMMIT};
 pub use options::{ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 pub use usage::help;
 
@@ -45,6 +47,9 @@ pub struct Config {
     pub mmds_address: Option<SocketAddr>,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
+    /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
+    /// and `mmds_address`, the others only change what start-up logs.
+    pub envd: EnvdFlags,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,20 +72,28 @@ pub enum Command {
     Version,
     /// Go-style `-version`: print the bare envd API level (E2B's template builder runs it).
     EnvdVersion,
+    /// envd's `-commit`: print the source commit ([`COMMIT`]).
+    Commit,
     /// Probe `/health` at this address; exit 0 when it answers 204.
     Healthcheck(SocketAddr),
     Sign(SignRequest),
 }
 
-/// Parses the arguments (without the program name); `env` looks up environment variables.
-pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
+/// Parses the arguments; `program` is argv[0] (under the name `envd` the metadata service has
+/// envd's default address, SPEC §1), `env` looks up environment variables.
+pub fn parse(
+    program: &str,
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Command, String> {
     match args.first().map(String::as_str) {
-        Some("--help" | "-h") => return Ok(Command::Help),
+        Some("--help" | "-h" | "-help") => return Ok(Command::Help),
         Some("--version" | "-V") => return Ok(Command::Version),
         Some("-version") => return Ok(Command::EnvdVersion),
+        Some(first) if envd::is_commit(first) => return Ok(Command::Commit),
         Some("sign") => return parse_sign(&args[1..], env),
         Some("--healthcheck") => {
-            let config = parse_serve(&[], env)?;
+            let config = parse_serve(program, &[], env)?;
             return match &args[1..] {
                 [] => Ok(Command::Healthcheck(local_address(config.listen))),
                 [addr] => Ok(Command::Healthcheck(parse_addr("--healthcheck", addr)?)),
@@ -89,13 +102,35 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Co
         }
         _ => {}
     }
-    parse_serve(args, env).map(Command::Serve)
+    parse_serve(program, args, env).map(Command::Serve)
 }
 
-fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, String> {
+fn parse_serve(
+    program: &str,
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, String> {
     let given = Given::collect(args, env)?;
+    let envd = given.envd.clone();
+    let listen = match envd.port {
+        Some(_) if given.has_flag(&LISTEN) => {
+            return Err("-port and --listen both say where to listen: give one".into())
+        }
+        Some(port) => SocketAddr::from(([0, 0, 0, 0], port)),
+        None => given.read(&LISTEN)?,
+    };
+    let mmds_address = if !envd.is_not_fc {
+        crate::mmds::envd_default_address(program, given.read(&MMDS_ADDRESS)?, false)
+    } else if given.has_flag(&MMDS_ADDRESS) {
+        return Err(
+            "-isnotfc says there is no metadata service, --mmds-address names one: give one".into(),
+        );
+    } else {
+        // The flag wins over SANDBOXD_MMDS_ADDRESS, as every flag wins over its variable.
+        None
+    };
     Ok(Config {
-        listen: given.read(&LISTEN)?,
+        listen,
         access_token_file: given.read(&ACCESS_TOKEN_FILE)?,
         init_token_hash_file: given.read(&INIT_TOKEN_HASH_FILE)?,
         default_user: given.read(&DEFAULT_USER)?,
@@ -110,29 +145,38 @@ fn parse_serve(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
         proc_root: given.read(&PROC_ROOT)?,
         cgroup_root: given.read(&CGROUP_ROOT)?,
         system_root: given.read(&SYSTEM_ROOT)?,
-        mmds_address: given.read(&MMDS_ADDRESS)?,
+        mmds_address,
         fs_as_user: given.read(&FS_AS_USER)?,
+        envd,
     })
 }
 
 /// The values the command line gives, one per row of [`OPTIONS`], and the environment.
 struct Given<'a> {
     flags: Vec<Option<String>>,
+    envd: EnvdFlags,
     env: &'a dyn Fn(&str) -> Option<String>,
 }
 
 impl<'a> Given<'a> {
     fn collect(args: &[String], env: &'a dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
         let mut flags = vec![None; OPTIONS.len()];
+        let mut envd = EnvdFlags::default();
         let mut rest = args.iter();
         while let Some(arg) = rest.next() {
             let (name, inline) = match arg.split_once('=') {
-                Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+                Some((name, value)) if name.starts_with('-') => (name, Some(value.to_string())),
                 _ => (arg.as_str(), None),
             };
-            if matches!(name, "--help" | "--version" | "-version" | "--healthcheck") {
+            if matches!(name, "--help" | "--version" | "-version" | "--healthcheck")
+                || envd::is_commit(name)
+            {
                 return Err(format!("{name} must come first"));
             }
+            if envd::take(name, inline.as_deref(), &mut rest, &mut envd)? {
+                continue;
+            }
+            let name = envd::alias(name);
             let slot = OPTIONS
                 .iter()
                 .zip(flags.iter_mut())
@@ -149,7 +193,15 @@ impl<'a> Given<'a> {
             };
             *slot = Some(value);
         }
-        Ok(Given { flags, env })
+        Ok(Given { flags, envd, env })
+    }
+
+    /// Whether the setting's flag is on the command line.
+    fn has_flag<T>(&self, setting: &Setting<T>) -> bool {
+        OPTIONS
+            .iter()
+            .zip(&self.flags)
+            .any(|(opt, flag)| opt.env == setting.opt.env && flag.is_some())
     }
 
     /// The setting's value from its flag, else its variable, else its default. The variable is
@@ -250,7 +302,7 @@ mod tests {
     }
 
     fn serve(list: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
-        match parse(&args(list), env) {
+        match parse("sandboxd", &args(list), env) {
             Ok(Command::Serve(config)) => config,
             other => panic!("{other:?}"),
         }
@@ -279,7 +331,9 @@ mod tests {
         let config = serve(&["--fs-as-user", "--workers", "2"], &no_env);
         assert!(config.fs_as_user);
         assert_eq!(config.workers, 2);
-        let error = parse(&args(&["--fs-as-user=yes"]), &no_env).err().unwrap();
+        let error = parse("sandboxd", &args(&["--fs-as-user=yes"]), &no_env)
+            .err()
+            .unwrap();
         assert_eq!(error, "--fs-as-user is 1, true, 0 or false, not 'yes'");
     }
 
@@ -308,7 +362,7 @@ mod tests {
             &["--bogus"],
             &["--listen"],
         ] {
-            let error = parse(&args(bad), &no_env).unwrap_err();
+            let error = parse("sandboxd", &args(bad), &no_env).unwrap_err();
             assert!(
                 !error.contains('\n') && !error.is_empty(),
                 "{bad:?}: {error}"
@@ -319,14 +373,19 @@ mod tests {
     #[test]
     fn go_style_version_and_the_init_token_hash_file() {
         assert_eq!(
-            parse(&args(&["-version"]), &no_env).unwrap(),
+            parse("sandboxd", &args(&["-version"]), &no_env).unwrap(),
             Command::EnvdVersion
         );
         assert_eq!(
-            parse(&args(&["--version"]), &no_env).unwrap(),
+            parse("sandboxd", &args(&["--version"]), &no_env).unwrap(),
             Command::Version
         );
-        assert!(parse(&args(&["--listen", "127.0.0.1:1", "-version"]), &no_env).is_err());
+        assert!(parse(
+            "sandboxd",
+            &args(&["--listen", "127.0.0.1:1", "-version"]),
+            &no_env
+        )
+        .is_err());
         let env = |name: &str| {
             (name == "SANDBOXD_INIT_TOKEN_HASH_FILE").then(|| "/run/from-env".to_string())
         };
@@ -340,7 +399,7 @@ mod tests {
             config.init_token_hash_file,
             Some(PathBuf::from("/run/flag"))
         );
-        assert!(parse(&args(&["--init-token-hash-file", ""]), &no_env).is_err());
+        assert!(parse("sandboxd", &args(&["--init-token-hash-file", ""]), &no_env).is_err());
     }
 
     #[test]
@@ -355,18 +414,28 @@ mod tests {
             serve(&["--mmds-address", "127.0.0.1:8"], &env).mmds_address,
             Some("127.0.0.1:8".parse().unwrap())
         );
-        assert!(parse(&args(&["--mmds-address", "169.254.169.254"]), &no_env).is_err());
-        assert!(parse(&args(&["--mmds-address", ""]), &no_env).is_err());
+        assert!(parse(
+            "sandboxd",
+            &args(&["--mmds-address", "169.254.169.254"]),
+            &no_env
+        )
+        .is_err());
+        assert!(parse("sandboxd", &args(&["--mmds-address", ""]), &no_env).is_err());
     }
 
     #[test]
     fn healthcheck_defaults_to_loopback_of_the_listen_port() {
         assert_eq!(
-            parse(&args(&["--healthcheck"]), &no_env).unwrap(),
+            parse("sandboxd", &args(&["--healthcheck"]), &no_env).unwrap(),
             Command::Healthcheck("127.0.0.1:49983".parse().unwrap())
         );
         assert_eq!(
-            parse(&args(&["--healthcheck", "127.0.0.1:5"]), &no_env).unwrap(),
+            parse(
+                "sandboxd",
+                &args(&["--healthcheck", "127.0.0.1:5"]),
+                &no_env
+            )
+            .unwrap(),
             Command::Healthcheck("127.0.0.1:5".parse().unwrap())
         );
     }
@@ -374,6 +443,7 @@ mod tests {
     #[test]
     fn sign_options() {
         let Command::Sign(request) = parse(
+            "sandboxd",
             &args(&[
                 "sign",
                 "/tmp/a b",
@@ -392,7 +462,12 @@ mod tests {
         assert_eq!(request.username, "user");
         assert!(request.write);
         assert_eq!(request.version, 1);
-        assert!(parse(&args(&["sign"]), &no_env).is_err());
-        assert!(parse(&args(&["sign", "a", "--operation", "delete"]), &no_env).is_err());
+        assert!(parse("sandboxd", &args(&["sign"]), &no_env).is_err());
+        assert!(parse(
+            "sandboxd",
+            &args(&["sign", "a", "--operation", "delete"]),
+            &no_env
+        )
+        .is_err());
     }
 }

@@ -38,6 +38,17 @@ pub fn run(config: Config) -> ExitCode {
         log::line(format_args!("cannot block signals: {e}"));
         return ExitCode::FAILURE;
     }
+    if config.envd.verbose {
+        log::line(format_args!(
+            "-verbose: accepted for envd's command line; sandboxd always logs to stderr"
+        ));
+    }
+    if config.envd.no_cgroups {
+        log::line(format_args!(
+            "-no-cgroups: accepted for envd's command line; sandboxd manages no cgroups yet, so \
+             there are none to turn off"
+        ));
+    }
     match process::raise_nofile_limit() {
         Ok(limit) => log::line(format_args!("open-file limit {limit}")),
         Err(e) => log::line(format_args!("cannot raise the open-file limit: {e}")),
@@ -87,6 +98,12 @@ pub fn run(config: Config) -> ExitCode {
     }
     let app = Arc::new(App::new(config, token, env));
     if let Some(mmds) = &app.mmds {
+        log::line(format_args!(
+            "metadata service at {}",
+            app.config
+                .mmds_address
+                .map_or_else(String::new, |a| a.to_string())
+        ));
         // Its own thread: start-up and /health never wait for the metadata service.
         mmds.start();
     }

@@ -6,15 +6,17 @@ use std::process::ExitCode;
 use sandboxd::{Command, ENVD_VERSION};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = match std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string())
-        .collect()
-    {
+    let mut args_os = std::env::args_os();
+    // argv[0]: under the name `envd` the metadata service defaults to envd's (SPEC §1).
+    let program = args_os
+        .next()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let args: Vec<String> = match args_os.map(|a| a.into_string()).collect() {
         Ok(args) => args,
         Err(arg) => return usage_error(&format!("argument {arg:?} is not valid UTF-8")),
     };
-    let command = match sandboxd::parse(&args, &|name| std::env::var(name).ok()) {
+    let command = match sandboxd::parse(&program, &args, &|name| std::env::var(name).ok()) {
         Ok(command) => command,
         Err(message) => return usage_error(&message),
     };
@@ -29,6 +31,10 @@ fn main() -> ExitCode {
         }
         Command::EnvdVersion => {
             println!("{}", ENVD_VERSION);
+            ExitCode::SUCCESS
+        }
+        Command::Commit => {
+            println!("{}", sandboxd::COMMIT);
             ExitCode::SUCCESS
         }
         Command::Healthcheck(addr) => sandboxd::healthcheck(addr),

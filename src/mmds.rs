@@ -5,7 +5,8 @@
 //! sandbox's identity into `E2B_SANDBOX_ID`, `E2B_TEMPLATE_ID` and the files under
 //! `/run/e2b/`, and envd's rule for the default address ([`envd_default_address`]).
 //!
-//! Off unless `--mmds-address` is given: without it nothing here runs and no socket is opened.
+//! Off unless `--mmds-address` is given, or the binary runs under the name `envd` without
+//! `-isnotfc` (SPEC §1): otherwise nothing here runs and no socket is opened.
 //! Nothing here blocks start-up or `/health`: the poller is a thread of its own, and only
 //! `/init`, which needs the token's hash, waits for an answer (bounded by [`HASH_TIMEOUT`]).
 
@@ -18,9 +19,6 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-// Not wired into start-up yet: that comes with envd's command line (`-isnotfc`), so a daemon
-// started as `envd` can opt out; until then only an explicit `--mmds-address` turns MMDS on.
-#[allow(dead_code)]
 /// envd's address, used only under envd's program name (see [`envd_default_address`]).
 pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
 /// envd's MMDS token lifetime, sent in `X-metadata-token-ttl-seconds`.
@@ -67,7 +65,7 @@ pub fn parse(body: &[u8]) -> Result<MmdsOpts, String> {
 /// started under the program name `envd` (a drop-in for envd, whose unit runs it without flags)
 /// uses envd's [`ENVD_ADDRESS`] unless envd's `-isnotfc` was given; any other name uses none.
 /// Pure, so it is tested with literals: no test runs a daemon that would contact that address.
-#[allow(dead_code)]
+/// `crate::config` calls it with argv[0].
 pub fn envd_default_address(
     program: &str,
     given: Option<SocketAddr>,

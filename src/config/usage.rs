@@ -2,6 +2,7 @@
 //! (`super::options`). The README holds its copy between two marker comments; a test here fails
 //! when it differs and says how to rewrite it.
 
+use super::envd::ENVD_FLAGS;
 use super::options::{Fallback, OPTIONS};
 
 const HEAD: &str = "\
@@ -13,9 +14,17 @@ Usage:
   sandboxd sign PATH [SIGN OPTIONS]  print a signed download/upload URL
   sandboxd --help | --version
   sandboxd -version                  print only the envd API level implemented (as envd does)
+  sandboxd -commit                   print the source commit built from (as envd does)
 
 Options (each also read from the environment variable shown; the flag wins; SECS may be
 fractional):
+";
+
+const ENVD_HEAD: &str = "
+envd's flags, accepted so envd's unit file and Makefile run sandboxd unchanged: one dash or two,
+a value after '=' or as the next argument, a switch's only after '=' (-isnotfc=false). Started
+under the name envd, sandboxd reads the metadata service at 169.254.169.254:80 unless -isnotfc
+or --mmds-address is given:
 ";
 
 const TAIL: &str = "
@@ -41,6 +50,11 @@ pub fn help() -> String {
         };
         out.push_str(&format!("  {flag:<24}  {:<26}  [{default}]\n", opt.env));
         wrap(&opt.help.replace('`', ""), &mut out);
+    }
+    out.push_str(ENVD_HEAD);
+    for flag in ENVD_FLAGS {
+        out.push_str(&format!("  {}\n", flag.usage));
+        wrap(flag.meaning, &mut out);
     }
     out.push_str(TAIL);
     out
@@ -133,6 +147,15 @@ mod tests {
             }
         }
         assert!(help.contains("SANDBOXD_IDLE_TIMEOUT       [640]"), "{help}");
+        for flag in [
+            "-port N",
+            "-isnotfc",
+            "-verbose",
+            "-cgroup-root PATH",
+            "-no-cgroups",
+        ] {
+            assert!(help.contains(&format!("\n  {flag}\n")), "{flag}: {help}");
+        }
         assert!(help.lines().all(|l| l.chars().count() <= WIDTH), "{help}");
     }
 }
