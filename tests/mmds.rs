@@ -393,6 +393,40 @@ fn an_mmds_that_is_down_changes_nothing_but_the_missing_identity() {
     assert_eq!(envs(&daemon, "new").status, 200);
 }
 
+/// Under the name `envd` an explicit `--mmds-address` still wins over envd's default address
+/// (the harness never starts `envd` without it or `-isnotfc`: 169.254.169.254 is never tried).
+#[test]
+fn a_daemon_named_envd_reads_the_service_it_is_given() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder().program_name("envd"), root.path());
+    wait_for_id(&daemon, TOKEN, "isb-1");
+    let line = format!("metadata service at {}", mmds.addr);
+    assert!(
+        daemon.log().iter().any(|l| l.ends_with(&line)),
+        "{:?}",
+        daemon.log()
+    );
+    assert!(!daemon.log().iter().any(|l| l.contains("169.254")));
+}
+
+/// `envd -isnotfc`: no metadata service, so no identity and no run files, as without the name.
+#[test]
+fn a_daemon_named_envd_with_isnotfc_reads_none() {
+    let root = tempfile::tempdir().unwrap();
+    let daemon = builder()
+        .program_name("envd")
+        .arg("-isnotfc")
+        .arg("--system-root")
+        .arg(root.path().to_str().unwrap())
+        .start();
+    assert_eq!(daemon.get("/health").status, 204);
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(env["E2B_SANDBOX"], serde_json::Value::Null);
+    assert!(!root.path().join("run").exists());
+    assert!(!daemon.log().iter().any(|l| l.contains("metadata service")));
+}
+
 #[test]
 fn without_mmds_address_no_identity_and_no_run_files() {
     let root = tempfile::tempdir().unwrap();

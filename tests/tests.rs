@@ -25,6 +25,8 @@ mod download;
 mod download_gzip;
 // What envd's clients rely on beyond the routes: CORS, /init, -version, Connect paths.
 mod envd_compat;
+// envd's command line: `envd -port N -isnotfc` serves, -verbose and -no-cgroups, -commit.
+mod envd_cli;
 // --fs-as-user: file routes and filesystem calls with the caller's rights; workers back to root.
 mod fs_as_user;
 // Hostile and broken clients, each answer exact, /health still served.

@@ -26,6 +26,8 @@ pub struct Daemon {
 
 pub struct Builder {
     shell_prefix: Option<String>,
+    /// Run the binary through a symlink of this name in the temp dir (argv[0]'s file name).
+    program_name: Option<String>,
     token: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -34,6 +36,7 @@ pub struct Builder {
 pub fn builder() -> Builder {
     Builder {
         shell_prefix: None,
+        program_name: None,
         token: Some(TOKEN.to_string()),
         args: Vec::new(),
         env: Vec::new(),
@@ -49,9 +52,19 @@ impl Builder {
         self.args.push(arg.to_string());
         self
     }
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
     /// Runs the binary through `sh -c '<prefix> "$0" "$@"'`, e.g. to set limits with `ulimit`.
     pub fn wrap_with_shell(mut self, prefix: &str) -> Self {
         self.shell_prefix = Some(prefix.to_string());
+        self
+    }
+    /// Starts the binary under this file name (a symlink in the temp dir): `envd` takes envd's
+    /// metadata-service default, so pass `-isnotfc` or `--mmds-address 127.0.0.1:PORT` with it.
+    pub fn program_name(mut self, name: &str) -> Self {
+        self.program_name = Some(name.to_string());
         self
     }
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -74,16 +87,23 @@ impl Builder {
             ),
         )
         .unwrap();
-        let binary = env!("CARGO_BIN_EXE_sandboxd");
+        let binary = match &self.program_name {
+            Some(name) => {
+                let link = dir.path().join(name);
+                std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandboxd"), &link).unwrap();
+                link.to_str().unwrap().to_string()
+            }
+            None => env!("CARGO_BIN_EXE_sandboxd").to_string(),
+        };
         let mut command = match &self.shell_prefix {
             Some(prefix) => {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")
                     .arg(format!("{prefix} \"$0\" \"$@\""))
-                    .arg(binary);
+                    .arg(&binary);
                 sh
             }
-            None => Command::new(binary),
+            None => Command::new(&binary),
         };
         command
             .args(["--listen", "127.0.0.1:0", "--passwd-file"])
