@@ -275,7 +275,8 @@ mod tests {
         let envd = Some(addr("169.254.169.254:80"));
         let fake = Some(addr("127.0.0.1:9"));
         let env = |name: &str| (name == "SANDBOXD_MMDS_ADDRESS").then(|| "127.0.0.1:8".to_string());
-        let cases: [(&str, &[&str], &dyn Fn(&str) -> Option<String>, _); 12] = [
+        type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+        let cases: [(&str, &[&str], Env, _); 12] = [
             ("envd", &[], &no_env, envd),
             ("/usr/bin/envd", &[], &no_env, envd),
             ("/usr/bin/envd", &["-port", "49983"], &no_env, envd),

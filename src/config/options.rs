@@ -276,7 +276,8 @@ pub const SYSTEM_ROOT: Setting<PathBuf> = Setting {
     absent: None,
 };
 
-/// Off unless given: a daemon started as `sandboxd` contacts no metadata service (SPEC §9).
+/// Off unless given: a daemon started as `sandboxd` contacts no metadata service (SPEC §9);
+/// under the name `envd` the default is envd's ([`crate::mmds::envd_default_address`]).
 pub const MMDS_ADDRESS: Setting<Option<SocketAddr>> = Setting {
     opt: Opt {
         flag: Some("--mmds-address"),
