@@ -326,9 +326,22 @@ fn the_bundle_is_whole_after_the_daemon_is_killed_mid_init() {
             "round {round}: {hosts:?}"
         );
     }
-    // A last /init, not killed, leaves exactly its certificate and no temporary.
+    // A last /init, not killed, leaves exactly its certificate and no temporary, even when the
+    // files already say what it asks (a killed write's temporary is not left for later).
     let daemon = daemon(r);
     assert_eq!(init(&daemon, json!({"caBundle": CERT_A})).status, 204);
+    let body = json!({"caBundle": CERT_A, "hyperloopIP": "10.11.0.99"});
+    assert_eq!(init(&daemon, body.clone()).status, 204);
+    std::fs::write(r.join("etc/.hosts.sandboxd-tmp"), b"half").unwrap();
+    std::fs::write(
+        r.join("etc/ssl/certs/.ca-certificates.crt.sandboxd-tmp"),
+        b"half",
+    )
+    .unwrap();
+    assert_eq!(init(&daemon, body).status, 204);
+    assert!(!names(&r.join("etc"))
+        .iter()
+        .any(|n| n.ends_with(".sandboxd-tmp")));
     assert_eq!(read(r, BUNDLE), format!("{SYSTEM_BUNDLE}{CERT_A}"));
     assert_eq!(read(r, PERSISTED), CERT_A);
     assert!(!r.join(PENDING).exists());

@@ -72,6 +72,15 @@ pub fn remove(path: &Path) -> Result<(), FileError> {
     }
 }
 
+/// Removes the temporary a write of `path` killed half-way left behind (the caller holds the
+/// lock its writes take, so none is being written).
+pub fn remove_stale(path: &Path) -> Result<(), FileError> {
+    match temporary_of(path) {
+        Some(temp) => remove(&temp),
+        None => Ok(()),
+    }
+}
+
 /// The temporary that stands for `path` while it is written.
 pub fn temporary_of(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?;

@@ -179,6 +179,7 @@ pub const PENDING: &str = "usr/local/share/ca-certificates/.e2b-ca.crt.pending";
 /// any point, the bundle holds the previous certificate or the new one, whole, and the next
 /// install or uninstall removes whichever of them it no longer wants.
 pub fn install(root: &Path, pem: &str) -> Result<(), FileError> {
+    remove_stale_temporaries(root)?;
     let (persisted, pending) = (root.join(PERSISTED), root.join(PENDING));
     let previous = atomic_file::read_optional(&persisted)?;
     let mut crashed = atomic_file::read_optional(&pending)?;
@@ -201,6 +202,7 @@ pub fn install(root: &Path, pem: &str) -> Result<(), FileError> {
 /// Removes the persisted certificate (and a crashed install's) from the bundle under `root`,
 /// then the persisted file.
 pub fn uninstall(root: &Path) -> Result<(), FileError> {
+    remove_stale_temporaries(root)?;
     let (persisted, pending) = (root.join(PERSISTED), root.join(PENDING));
     let previous = atomic_file::read_optional(&persisted)?;
     let crashed = atomic_file::read_optional(&pending)?;
@@ -215,6 +217,15 @@ pub fn uninstall(root: &Path) -> Result<(), FileError> {
 
 /// Rewrites the bundle under `root` without any copy of `remove` and with `add` at its end,
 /// if that changes it. A missing bundle is created only to add.
+/// The temporaries a killed install left (it may have been killed before any rewrite this one
+/// makes, which would have replaced them).
+fn remove_stale_temporaries(root: &Path) -> Result<(), FileError> {
+    for file in [BUNDLE, PERSISTED, PENDING] {
+        atomic_file::remove_stale(&root.join(file))?;
+    }
+    Ok(())
+}
+
 fn replace_in_bundle(root: &Path, remove: &[&[u8]], add: Option<&[u8]>) -> Result<(), FileError> {
     let path = root.join(BUNDLE);
     let bundle = atomic_file::read_optional(&path)?;

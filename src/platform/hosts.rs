@@ -134,6 +134,8 @@ pub fn set_entry(text: &[u8], name: &str, address: IpAddr) -> Option<Vec<u8>> {
 /// Points [`EVENTS_HOST`] at `address` in the hosts file under `root` (created if missing).
 pub fn set_events_entry(root: &Path, address: IpAddr) -> Result<(), FileError> {
     let path = root.join(HOSTS);
+    // A write killed half-way left its temporary; an unchanged file would keep it.
+    atomic_file::remove_stale(&path)?;
     let text = atomic_file::read_optional(&path)?.unwrap_or_default();
     match set_entry(&text, EVENTS_HOST, address) {
         Some(edited) => atomic_file::write(&path, &edited),
