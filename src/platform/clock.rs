@@ -11,6 +11,7 @@
 //! the clock, logs what was decided, and calls `sys::clock` only for [`Decision::Set`].
 
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::app::App;
@@ -78,6 +79,16 @@ pub fn enabled(mmds_address: Option<SocketAddr>, answered: bool) -> bool {
 /// Decides for this `/init` and acts: sets the clock, or logs why not when it is off by more
 /// than the margins. A failure to set it is logged and the `/init` goes on, as envd's does.
 pub fn apply(app: &App, timestamp: Option<i128>) {
+    // The clock is the machine's: one `/init` at a time decides and sets it, and one whose
+    // timestamp is older than the newest that reached here is stale by now and leaves it.
+    static NEWEST: Mutex<Option<i128>> = Mutex::new(None);
+    let mut newest = NEWEST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(new) = timestamp {
+        if newest.is_some_and(|newest| new < newest) {
+            return;
+        }
+        *newest = Some(new);
+    }
     let now = unix_nanos(SystemTime::now());
     let is_enabled = enabled(
         app.mmds.as_ref().map(|m| m.address()),
