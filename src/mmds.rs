@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,9 @@ use serde::Deserialize;
 
 /// envd's address, used only under envd's program name (see [`envd_default_address`]).
 pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
+/// The metadata service's real address in a Firecracker guest (link-local, never routed off
+/// the VM): only a service configured at it can enable what only a guest may do (the clock).
+pub const LINK_LOCAL_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 169, 254);
 /// envd's MMDS token lifetime, sent in `X-metadata-token-ttl-seconds`.
 const TOKEN_TTL_SECONDS: u32 = 60;
 /// Each socket operation of the poller (connect, one write, one read) and its whole exchange.
@@ -219,6 +223,8 @@ pub struct Mmds {
     address: SocketAddr,
     system_root: PathBuf,
     identity: RwLock<Option<Identity>>,
+    /// Whether the service has answered a read (the poller's or `/init`'s) at least once.
+    answered: AtomicBool,
     /// Whether a poll was asked for since the poller last started one.
     wanted: Mutex<bool>,
     wake: Condvar,
@@ -230,6 +236,7 @@ impl Mmds {
             address,
             system_root,
             identity: RwLock::new(None),
+            answered: AtomicBool::new(false),
             wanted: Mutex::new(false),
             wake: Condvar::new(),
         }
@@ -268,7 +275,20 @@ impl Mmds {
 
     /// A fresh read of `accessTokenHash` for `/init`, bounded by [`HASH_TIMEOUT`] in all.
     pub fn access_token_hash(&self) -> Result<String, String> {
-        fetch(self.address, HASH_TIMEOUT / 2).map(|opts| opts.access_token_hash)
+        let opts = fetch(self.address, HASH_TIMEOUT / 2)?;
+        self.answered.store(true, Ordering::Relaxed);
+        Ok(opts.access_token_hash)
+    }
+
+    /// The address configured with `--mmds-address`.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Whether the service has answered at least once: its metadata parsed, to the poller or to
+    /// an `/init`'s read of the token hash. Never true for an address nothing answers at.
+    pub fn has_answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// The poller's loop: waits for a request, then tries until the service answers or the
@@ -328,6 +348,7 @@ impl Mmds {
             template_id: opts.env_id.clone(),
         };
         *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
+        self.answered.store(true, Ordering::Relaxed);
     }
 }
 

@@ -480,3 +480,61 @@ fn an_empty_hash_in_mmds_is_no_hash() {
     assert_eq!(reply.status, 204);
     assert_eq!(envs(&daemon, "second").status, 200);
 }
+
+/// The daemon's log lines that say what `/init` did with the clock, once `count` are there.
+fn clock_lines(daemon: &Daemon, count: usize) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let lines: Vec<String> = daemon
+            .log()
+            .into_iter()
+            .filter(|line| line.contains(" init: clock ") || line.contains("set the clock"))
+            .collect();
+        if lines.len() >= count || Instant::now() >= deadline {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_fake_mmds_on_loopback_never_enables_setting_the_clock() {
+    // The service has answered (the identity arrived), but at 127.0.0.1: not a Firecracker
+    // guest, so the clock is never set, however far off the timestamp. Nothing here can set
+    // it: the decision is "not enabled", which the log says.
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    wait_for_id(&daemon, TOKEN, "isb-1");
+    let now = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%dT%H:%M:%SZ")
+        .output()
+        .unwrap();
+    let now = String::from_utf8(now.stdout).unwrap();
+    // Within the margins: nothing to decide, nothing logged.
+    let body = format!(r#"{{"timestamp":"{}"}}"#, now.trim());
+    assert_eq!(
+        init(&daemon, &[("X-Access-Token", TOKEN)], &body).status,
+        204
+    );
+    // Millennia ahead of the guest's clock.
+    let far = r#"{"timestamp":"9999-12-31T23:59:59Z","envVars":{"FAR":"1"}}"#;
+    let reply = init(&daemon, &[("X-Access-Token", TOKEN)], far);
+    assert_eq!(reply.status, 204);
+    assert_eq!(envs(&daemon, TOKEN).json()["FAR"], "1", "the rest applied");
+    let lines = clock_lines(&daemon, 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("init: clock not set: it is ")
+            && lines[0].contains("s behind /init's timestamp, but this is not a Firecracker guest"),
+        "{lines:?}"
+    );
+    let year = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 31_556_952
+        + 1970;
+    assert!(year < 2500, "the clock is where it was: {year}");
+}

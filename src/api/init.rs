@@ -9,9 +9,11 @@
 //! 2. the caller is authorised, else 401 (below);
 //! 3. an `/init` whose `timestamp` is older than the newest one applied changes nothing: 204;
 //! 4. every field is validated before anything changes (400, or 401 for an unknown user);
-//! 5. the system files (`caBundle`, `hyperloopIP`) are written (500 when the CA files cannot
+//! 5. the clock is set from `timestamp`, in a Firecracker guest only (`platform::clock`; a
+//!    failure is logged and changes no answer);
+//! 6. the system files (`caBundle`, `hyperloopIP`) are written (500 when the CA files cannot
 //!    be, and nothing below happens);
-//! 6. the rest is applied: 204.
+//! 7. the rest is applied: 204.
 //!
 //! Every answer, errors included, carries `Cache-Control: no-store` and `X-Envd-Version`, as
 //! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
@@ -26,9 +28,8 @@
 //! and written under `--system-root` before the in-memory fields are applied; how, and what a
 //! failure does, is `platform::init_files`'.
 //!
-//! **Where sandboxd differs from envd on purpose.** The clock is
-//! not set from `timestamp` (envd sets the guest's clock; that is the VM's init's business, and
-//! sandboxd need not run as root). `volumeMounts` and `lifecycleID` are accepted and ignored;
+//! **Where sandboxd differs from envd on purpose.** The clock is set from `timestamp` only in
+//! a Firecracker guest (envd sets it wherever it runs; see `platform::clock`). `volumeMounts` and `lifecycleID` are accepted and ignored;
 //! see [`ENVD_VERSION`] for why that keeps the version sandboxd reports below the ones whose
 //! clients rely on them.
 
@@ -44,7 +45,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
-use crate::platform::init_files;
+use crate::platform::{clock, init_files};
 
 /// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
 /// builder runs `envd -version` and records the answer as the template's envd version) and sent
@@ -93,7 +94,8 @@ pub struct InitBody {
     env_vars: Option<BTreeMap<String, String>>,
     default_user: Option<String>,
     default_workdir: Option<String>,
-    /// RFC 3339; an `/init` older than the newest one applied changes nothing.
+    /// RFC 3339; an `/init` older than the newest one applied changes nothing. In a Firecracker
+    /// guest, also the time the clock is set to when it is off by more than envd's margins.
     timestamp: Option<String>,
     /// PEM certificates for the trust store; `""` removes the installed one.
     ca_bundle: Option<String>,
@@ -172,6 +174,7 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
     };
     let system_files =
         init_files::Request::parse(body.ca_bundle.as_deref(), body.hyperloop_ip.as_deref())?;
+    clock::apply(app, timestamp);
     system_files.apply(app, timestamp)?;
     // False only when a newer /init was applied since the check above: this one is stale now.
     let token = match change {

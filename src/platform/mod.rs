@@ -3,11 +3,13 @@
 //! paths under `--system-root`, so a test points it at a directory of its own.
 //!
 //! - [`atomic_file`]: the one way a system file is replaced (temporary, `fsync`, `rename`).
+//! - [`clock`]: `timestamp`, the clock, set only in a Firecracker guest.
 //! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 
 pub mod atomic_file;
 pub mod ca_bundle;
+pub mod clock;
 pub mod hosts;
 pub mod init_files;

@@ -5,6 +5,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod clock;
 pub mod copy;
 pub mod creds;
 pub mod dir;
