@@ -293,19 +293,28 @@ mod tests {
     use super::options::default_workers;
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
+    pub(crate) fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn no_env(_: &str) -> Option<String> {
+    pub(crate) fn no_env(_: &str) -> Option<String> {
         None
     }
 
-    fn serve(list: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
-        match parse("sandboxd", &args(list), env) {
+    /// The configuration `list` gives a program named `program` (the tests of `envd` too).
+    pub(crate) fn serve_as(
+        program: &str,
+        list: &[&str],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Config {
+        match parse(program, &args(list), env) {
             Ok(Command::Serve(config)) => config,
-            other => panic!("{other:?}"),
+            other => panic!("{list:?}: {other:?}"),
         }
+    }
+
+    fn serve(list: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
+        serve_as("sandboxd", list, env)
     }
 
     #[test]

@@ -131,22 +131,8 @@ fn parse_go_bool(flag: &str, text: &str) -> Result<bool, String> {
 mod tests {
     use std::net::SocketAddr;
 
+    use super::super::tests::{args, no_env, serve_as};
     use super::super::{parse, Command, Config};
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
-
-    fn serve_as(program: &str, list: &[&str], env: &dyn Fn(&str) -> Option<String>) -> Config {
-        match parse(program, &args(list), env) {
-            Ok(Command::Serve(config)) => config,
-            other => panic!("{list:?}: {other:?}"),
-        }
-    }
 
     fn error(list: &[&str]) -> String {
         parse("sandboxd", &args(list), &no_env).unwrap_err()

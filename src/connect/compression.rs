@@ -15,6 +15,8 @@
 //! - Level 1: the bulk is process output and listings, produced while the client waits; level
 //!   1 keeps most of the gain (text shrinks 3 to 5 times) at several times level 6's speed.
 
+use std::cell::RefCell;
+
 use flate2::{Compress, Compression, Crc, FlushCompress, Status};
 
 use super::{Code, Error, MAX_REQUEST_BYTES};
@@ -76,7 +78,8 @@ fn malformed(error: GzipError) -> Error {
     Error::invalid_argument(format!("malformed gzip message: {error}"))
 }
 
-/// Deflates the messages of one answer, reusing its state from message to message.
+/// Deflates messages, reusing its state from message to message (reset for each: every message
+/// is a gzip member of its own).
 pub struct Deflater {
     compress: Compress,
 }
@@ -121,6 +124,23 @@ impl Deflater {
         #[allow(clippy::cast_possible_truncation)]
         out.extend_from_slice(&(message.len() as u32).to_le_bytes());
     }
+}
+
+thread_local! {
+    /// The deflate state of this thread's stream messages, made at its first compressed one:
+    /// a state is about 300 KiB, so one per producing thread (the process I/O thread, the
+    /// watch thread), not one per stream (a thousand watches would hold 300 MiB).
+    static STREAM_DEFLATER: RefCell<Option<Deflater>> = const { RefCell::new(None) };
+}
+
+/// Appends `message` as one gzip member to `out`, with the calling thread's deflate state.
+pub fn gzip_on_thread(message: &[u8], out: &mut Vec<u8>) {
+    STREAM_DEFLATER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut state) => state
+            .get_or_insert_with(Deflater::default)
+            .gzip(message, out),
+        Err(_) => Deflater::default().gzip(message, out),
+    });
 }
 
 /// Whether an `Accept-Encoding` (or `Connect-Accept-Encoding`) value lists gzip with a

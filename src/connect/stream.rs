@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 
 use super::codec::{Codec, Outgoing};
-use super::compression::{self, Deflater};
+use super::compression;
 use super::envelope::{self, COMPRESSED, END_STREAM, PREFIX};
 use super::Error;
 use crate::http::stream::{self, SendError, StreamSender};
@@ -25,8 +25,8 @@ thread_local! {
 pub struct Stream {
     sender: StreamSender,
     codec: Codec,
-    /// The client takes gzip messages: the state deflating them.
-    deflater: Option<RefCell<Deflater>>,
+    /// The client takes gzip messages.
+    gzip: bool,
 }
 
 impl Stream {
@@ -43,7 +43,7 @@ impl Stream {
         let stream = Stream {
             sender,
             codec,
-            deflater: gzip.then(|| RefCell::new(Deflater::default())),
+            gzip,
         };
         (stream, response)
     }
@@ -96,14 +96,11 @@ impl Stream {
         write: impl FnOnce(&mut Vec<u8>),
     ) -> Result<(), SendError> {
         envelope::encode_into(message, 0, write);
-        let deflater = self.deflater.as_ref();
-        let Some(deflater) = deflater.filter(|_| message.len() - PREFIX >= compression::MIN_BYTES)
-        else {
+        if !self.gzip || message.len() - PREFIX < compression::MIN_BYTES {
             return self.sender.send(message);
-        };
-        let mut deflater = deflater.borrow_mut();
+        }
         envelope::encode_into(envelope, COMPRESSED, |out| {
-            deflater.gzip(&message[PREFIX..], out);
+            compression::gzip_on_thread(&message[PREFIX..], out);
         });
         self.sender.send(envelope)
     }

@@ -16,10 +16,8 @@ use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
-use crate::fs::owners::{version, FileVersion as Version};
 use crate::fs::users::{self, User};
 use crate::log;
 use crate::sys::creds;
@@ -41,7 +39,7 @@ impl Identity {
             name: user.name.clone(),
             uid: user.uid,
             gid: user.gid,
-            groups: groups_of(passwd_file, user),
+            groups: users::groups(passwd_file, user),
         }
     }
 
@@ -126,35 +124,6 @@ impl Drop for AsUser {
             std::process::abort();
         }
     }
-}
-
-/// The groups of `user`: the primary gid, then the group file's groups listing the user. The
-/// file is parsed again only when its identity, size or modification time changed (a `stat`
-/// per call, as `Owners` does), so a user added to or removed from a group counts at once.
-fn groups_of(passwd_file: &Path, user: &User) -> Vec<u32> {
-    type Cached = (PathBuf, Option<Version>, Arc<str>);
-    static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
-    let group_file = passwd_file.with_file_name("group");
-    let Some(version) = version(&group_file) else {
-        return users::groups(passwd_file, user);
-    };
-    let text = {
-        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-        match cache.as_ref() {
-            Some((path, seen, text)) if *path == group_file && *seen == Some(version) => {
-                Arc::clone(text)
-            }
-            _ => {
-                let Ok(bytes) = std::fs::read(&group_file) else {
-                    return users::groups(passwd_file, user);
-                };
-                let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
-                *cache = Some((group_file, Some(version), Arc::clone(&text)));
-                text
-            }
-        }
-    };
-    users::parse_groups(&text, user)
 }
 
 /// The switch could not be made (the daemon lacks `CAP_SETUID`/`CAP_SETGID`: not root).

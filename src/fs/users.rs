@@ -63,24 +63,31 @@ pub fn lookup(passwd_file: &Path, name: &str) -> Result<User, FsError> {
     parse_passwd(&text, name).ok_or_else(|| FsError::UnknownUser(name.to_string()))
 }
 
-/// The passwd file's text, read again only when its identity, size or modification time
-/// changed (a `stat` per call instead of an open and reads: the file is read for every
-/// request that names a user). Non-UTF-8 bytes (say, a Latin-1 GECOS field) must not hide the
-/// other entries: they are replaced.
+/// The passwd file's text, read again only when its version changes (a `stat` per call
+/// instead of an open and reads: the file is read for every request that names a user).
 fn passwd_text(passwd_file: &Path) -> std::io::Result<Arc<str>> {
-    type Cached = (PathBuf, FileVersion, Arc<str>);
-    static CACHE: Mutex<Option<Cached>> = Mutex::new(None);
-    let version = owners::version(passwd_file);
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let (Some((path, seen, text)), Some(version)) = (cache.as_ref(), version) {
-        if path == passwd_file && *seen == version {
+    static CACHE: TextCache = Mutex::new(None);
+    cached_text(&CACHE, passwd_file)
+}
+
+/// The last text read of a file, with the path and version it was read at.
+pub type TextCache = Mutex<Option<(PathBuf, FileVersion, Arc<str>)>>;
+
+/// The text of the file at `path` (non-UTF-8 bytes, say a Latin-1 GECOS field, replaced: they
+/// must not hide the other lines), from `cache` while the file's identity, size and
+/// modification time are those it was read at, so a change counts at once.
+pub fn cached_text(cache: &TextCache, path: &Path) -> std::io::Result<Arc<str>> {
+    let version = owners::version(path);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let (Some((cached, seen, text)), Some(version)) = (cache.as_ref(), version) {
+        if cached == path && *seen == version {
             return Ok(Arc::clone(text));
         }
     }
-    let bytes = std::fs::read(passwd_file)?;
+    let bytes = std::fs::read(path)?;
     let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
     if let Some(version) = version {
-        *cache = Some((passwd_file.to_path_buf(), version, Arc::clone(&text)));
+        *cache = Some((path.to_path_buf(), version, Arc::clone(&text)));
     }
     Ok(text)
 }
@@ -106,12 +113,13 @@ pub fn parse_groups(text: &str, user: &User) -> Vec<u32> {
 }
 
 /// The groups of `user` (SPEC §9b), from the `group` file beside the passwd file
-/// (`/etc/group` for `/etc/passwd`); without one, only the primary group.
+/// (`/etc/group` for `/etc/passwd`); without one, only the primary group. The file is parsed
+/// again only when its version changed ([`cached_text`]), so a user added to or removed from
+/// a group counts at once.
 pub fn groups(passwd_file: &Path, user: &User) -> Vec<u32> {
-    let text = std::fs::read(passwd_file.with_file_name("group"))
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_default();
-    parse_groups(&text, user)
+    static CACHE: TextCache = Mutex::new(None);
+    let text = cached_text(&CACHE, &passwd_file.with_file_name("group"));
+    parse_groups(text.as_deref().unwrap_or_default(), user)
 }
 
 #[cfg(test)]

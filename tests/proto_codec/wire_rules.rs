@@ -216,3 +216,31 @@ fn answers_are_gzip_for_clients_that_accept_it() {
     assert_eq!(stream.header("connect-content-encoding"), None);
     assert!(!run_to_end(&mut stream, WAIT).compressed);
 }
+
+/// `SendSignal` with a signal envd's schema does not name: protobuf carries any number, which is
+/// `unimplemented` as `SIGNAL_UNSPECIFIED` is; in JSON an unknown name cannot be read at all.
+#[test]
+fn a_signal_the_schema_does_not_name_is_refused_in_both_codecs() {
+    let daemon = start();
+    let send_signal = "process.Process/SendSignal";
+    // process { pid: 1 }, signal: 2 (SIGINT, not one of envd's).
+    let reply = client::unary(&daemon, send_signal, &[0x0a, 2, 0x08, 1, 0x10, 2], &[]);
+    assert_eq!(
+        json_error(&reply),
+        (501, "unimplemented".into(), "invalid signal: 2".into())
+    );
+    let request = json!({"process": {"pid": 1}, "signal": "SIGNAL_UNSPECIFIED"});
+    let reply = unary(&daemon, send_signal, &[], &request);
+    assert_eq!(
+        json_error(&reply),
+        (
+            501,
+            "unimplemented".into(),
+            "invalid signal: SIGNAL_UNSPECIFIED".into()
+        )
+    );
+    let request = json!({"process": {"pid": 1}, "signal": "SIGNAL_SIGINT"});
+    let reply = unary(&daemon, send_signal, &[], &request);
+    assert_eq!(json_error(&reply).0, 400);
+    assert_eq!(json_error(&reply).1, "invalid_argument");
+}
