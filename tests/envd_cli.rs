@@ -107,7 +107,7 @@ fn verbose_and_no_cgroups_are_accepted_and_say_they_change_nothing() {
         ])
         .start();
     assert_eq!(daemon.get("/health").status, 204);
-    let log = daemon.log();
+    let log = daemon.log_with(|l| l.contains("-no-cgroups: accepted"));
     let has = |text: &str| log.iter().any(|l| l.contains(text));
     assert!(has(
         "-verbose: accepted for envd's command line; sandboxd always logs to stderr"

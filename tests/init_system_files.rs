@@ -268,11 +268,7 @@ fn a_hosts_file_that_cannot_be_written_is_logged_and_the_init_applies() {
         "init: hyperloopIP: cannot write the events.e2b.local entry: '{}': Is a directory (os error 21); E2B_EVENTS_ADDRESS unchanged",
         r.join("etc/hosts").display()
     );
-    assert!(
-        daemon.log().iter().any(|line| line.ends_with(&expected)),
-        "{:?}",
-        daemon.log()
-    );
+    daemon.log_with(|line| line.ends_with(&expected));
 }
 
 /// Sends an `/init` and ignores what happens to it (the daemon may be killed meanwhile).

@@ -404,7 +404,7 @@ fn a_daemon_named_envd_reads_the_service_it_is_given() {
     wait_for_id(&daemon, TOKEN, "isb-1");
     // The one service named is the fake: envd's default is neither used nor mentioned.
     let line = format!("metadata service at {}", mmds.addr);
-    let log = daemon.log();
+    let log = daemon.log_with(|l| l.contains("metadata service"));
     let named: Vec<&String> = log
         .iter()
         .filter(|l| l.contains("metadata service"))

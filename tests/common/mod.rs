@@ -248,6 +248,24 @@ impl Daemon {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once one of its lines satisfies `found`, waited for at most 5 s: a thread
+    /// collects stderr, so a line the daemon wrote before answering may reach the test after
+    /// the answer. Panics with the log when no line comes.
+    pub fn log_with(&self, found: impl Fn(&str) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if log.iter().any(|line| found(line)) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such line in the log: {log:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("a pid fits in pid_t")
     }
