@@ -22,6 +22,7 @@ use crate::http::query::Query;
 use crate::http::Head;
 use crate::mmds::Mmds;
 use crate::platform::init_files::SystemFiles;
+use crate::platform::volumes::Ledger;
 use crate::stats::{Metrics, Sampler};
 
 pub struct App {
@@ -37,6 +38,8 @@ pub struct App {
     internal_env: RwLock<BTreeMap<String, String>>,
     /// The lock and order of `/init`'s system files (`platform::init_files`).
     system_files: SystemFiles,
+    /// The NFS volumes `/init` mounted, and for which lifecycle (`platform::volumes`).
+    pub volumes: Ledger,
     /// Unix nanoseconds of the newest `timestamp` an applied `/init` carried; its lock also
     /// serialises the applying of `/init`s.
     last_init: Mutex<Option<i128>>,
@@ -69,6 +72,7 @@ impl App {
             init_env: RwLock::new(BTreeMap::new()),
             internal_env: RwLock::new(BTreeMap::new()),
             system_files: SystemFiles::default(),
+            volumes: Ledger::default(),
             last_init: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
             mmds: config

@@ -19,6 +19,8 @@ mod docs;
 mod hardening_fs;
 // /init's system files under --system-root: caBundle, hyperloopIP, kills mid-write.
 mod init_system_files;
+// /init's volumeMounts and lifecycleID with fake mount helpers: what is mounted and when.
+mod volumes;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

@@ -13,7 +13,9 @@
 //!    failure is logged and changes no answer);
 //! 6. the system files (`caBundle`, `hyperloopIP`) are written (500 when the CA files cannot
 //!    be, and nothing below happens);
-//! 7. the rest is applied: 204.
+//! 7. the `volumeMounts` are mounted (`platform::volumes`; 400 in envd's words when one fails,
+//!    and nothing below happens);
+//! 8. the rest is applied: 204.
 //!
 //! Every answer, errors included, carries `Cache-Control: no-store` and `X-Envd-Version`, as
 //! envd's do: the orchestrator reads the version off the `/init` it makes on every start and
@@ -29,9 +31,9 @@
 //! failure does, is `platform::init_files`'.
 //!
 //! **Where sandboxd differs from envd on purpose.** The clock is set from `timestamp` only in
-//! a Firecracker guest (envd sets it wherever it runs; see `platform::clock`). `volumeMounts` and `lifecycleID` are accepted and ignored;
-//! see [`ENVD_VERSION`] for why that keeps the version sandboxd reports below the ones whose
-//! clients rely on them.
+//! a Firecracker guest (envd sets it wherever it runs; see `platform::clock`). `volumeMounts` are
+//! checked before anything changes, and a failed mount leaves the in-memory fields as they were
+//! (envd has applied the token and variables by then); see `platform::volumes` for the rest.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,7 +47,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
-use crate::platform::{clock, init_files};
+use crate::platform::{clock, init_files, volumes};
 
 /// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
 /// builder runs `envd -version` and records the answer as the template's envd version) and sent
@@ -67,8 +69,8 @@ use crate::platform::{clock, init_files};
 /// - 0.5.13: `/init` installs `caBundle` (the API allows network transform rules from here on;
 ///   envd's commit "Propagate CA bundle to sandbox trust store on init"). Have
 ///   (`platform::ca_bundle`).
-/// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on).
-///   **Missing**.
+/// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on). Have
+///   (`platform::volumes`).
 /// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
 /// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). Have, but
 ///   0.6.2 also means everything above.
@@ -78,13 +80,13 @@ use crate::platform::{clock, init_files};
 ///   are therefore open; those above (0.6.3 entries in watch events, 0.6.4
 ///   `allowNetworkMounts`), which sandboxd has too, wait for the level.
 ///
-/// Hence 0.5.13, the last level before the first gap (0.5.14): with it the SDKs send raw
+/// Hence 0.5.14, the last level before the first gap (0.6.0): with it the SDKs send raw
 /// `application/octet-stream` uploads for streams and gzip ones for `gzip=True` (which sandboxd
-/// has), E2B's API allows network rules (whose proxy CA `/init` installs), and neither the API
-/// nor the orchestrator turns on a feature sandboxd would silently drop. The SDKs still refuse
-/// `metadata=` on the client side, although sandboxd stores it: 0.6.2 (SPEC's example) needs
-/// `volumeMounts`, `/freeze` and `/unfreeze` too.
-pub const ENVD_VERSION: &str = "0.5.13";
+/// has), E2B's API allows network rules (whose proxy CA `/init` installs) and volumes (which
+/// `/init` mounts), and neither the API nor the orchestrator turns on a feature sandboxd would
+/// silently drop. The SDKs still refuse `metadata=` on the client side, although sandboxd
+/// stores it: 0.6.2 (SPEC's example) needs `/freeze` and `/unfreeze` too.
+pub const ENVD_VERSION: &str = "0.5.14";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]
@@ -102,6 +104,11 @@ pub struct InitBody {
     /// The address of `events.e2b.local` (`/etc/hosts`, `E2B_EVENTS_ADDRESS`).
     #[serde(rename = "hyperloopIP")]
     hyperloop_ip: Option<String>,
+    /// NFS volumes to mount (`platform::volumes`).
+    volume_mounts: Option<Vec<volumes::VolumeMount>>,
+    /// The sandbox's lifecycle: a volume is remounted when it changes.
+    #[serde(rename = "lifecycleID")]
+    lifecycle_id: Option<String>,
 }
 
 /// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
@@ -174,8 +181,12 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
     };
     let system_files =
         init_files::Request::parse(body.ca_bundle.as_deref(), body.hyperloop_ip.as_deref())?;
+    let volumes = volumes::Request::parse(body.volume_mounts, body.lifecycle_id)?;
     clock::apply(app, timestamp);
     system_files.apply(app, timestamp)?;
+    if let Some(volumes) = volumes {
+        volumes.apply(&app.volumes, &app.config.system_root)?;
+    }
     // False only when a newer /init was applied since the check above: this one is stale now.
     let token = match change {
         init_token::TokenChange::Clear => Some(None),

@@ -7,9 +7,13 @@
 //! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
+//! - [`volumes`]: `volumeMounts` and `lifecycleID`, the sandbox's NFS volumes.
+//! - [`command`]: the system programs those run (`mount`, `umount`, `findmnt`), in a budget.
 
 pub mod atomic_file;
 pub mod ca_bundle;
 pub mod clock;
+pub mod command;
 pub mod hosts;
 pub mod init_files;
+pub mod volumes;

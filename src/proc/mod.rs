@@ -28,6 +28,7 @@
 //! subscriber, queue input, signal) and signal the eventfd. The thread never waits for a
 //! client: subscribers must return at once.
 
+pub mod claimed;
 pub mod exit;
 mod io;
 pub mod reaper;
@@ -427,7 +428,11 @@ impl Hub {
         let mut state = self.lock();
         let mut ours = false;
         while let Some((pid, status)) = sysproc::wait_any() {
-            ours |= state.table.exited(pid, Exit(status));
+            if state.table.exited(pid, Exit(status)) {
+                ours = true;
+            } else {
+                claimed::offer(pid, status);
+            }
         }
         drop(state);
         if ours {

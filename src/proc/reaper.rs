@@ -21,6 +21,9 @@
 //! its pid, and the id of its process group, cannot have been given to anyone else, and a
 //! signal to them reaches only it and its group. A reaped one is never signalled.
 //!
+//! Children the daemon starts for itself are claimed (`claimed`): their exits are kept for
+//! their waiter instead of being dropped.
+//!
 //! Waiting for one known child (`sys::process::wait_pid`, as the I/O thread does when a
 //! process's outputs have closed) needs no lock: it can only take that child, which is ours.
 
@@ -41,7 +44,11 @@ pub fn reap_all() {
     let _exclusive = SPAWNING.write().unwrap_or_else(|e| e.into_inner());
     match Hub::running() {
         Some(hub) => hub.reap_all(),
-        // No process was ever started: orphans only.
-        None => while wait_any().is_some() {},
+        // No process was ever started: orphans and the daemon's own helpers only.
+        None => {
+            while let Some((pid, status)) = wait_any() {
+                super::claimed::offer(pid, status);
+            }
+        }
     }
 }
