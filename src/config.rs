@@ -19,8 +19,8 @@ pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, MMDS_ADDRESS, OPTIONS,
-    PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
+    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, LOG_FORMAT,
+    MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +47,8 @@ pub struct Config {
     pub mmds_address: Option<SocketAddr>,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
+    /// `--log-format`: how lines are written on stderr.
+    pub log_format: crate::log::Format,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -147,6 +149,7 @@ fn parse_serve(
         system_root: given.read(&SYSTEM_ROOT)?,
         mmds_address,
         fs_as_user: given.read(&FS_AS_USER)?,
+        log_format: given.read(&LOG_FORMAT)?,
         envd,
     })
 }

@@ -34,9 +34,15 @@ const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
 /// Runs the daemon until a stop signal; returns the process exit code: 0 after a drain, 1 when
 /// it cannot start, 2 for a bad token.
 pub fn run(config: Config) -> ExitCode {
+    log::set_format(config.log_format);
     if let Err(e) = process::block_signals(&SIGNALS) {
         log::line(format_args!("cannot block signals: {e}"));
         return ExitCode::FAILURE;
+    }
+    if config.mmds_address.is_some() {
+        // After the signals are blocked (its thread inherits the mask), before any other line:
+        // every line from here on is queued for the collector the metadata service names.
+        log::export::start();
     }
     if config.envd.verbose {
         log::line(format_args!(

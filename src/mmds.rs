@@ -11,14 +11,16 @@
 //! `/init`, which needs the token's hash, waits for an answer (bounded by [`HASH_TIMEOUT`]).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+use crate::platform::http_client;
 
 /// envd's address, used only under envd's program name (see [`envd_default_address`]).
 pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
@@ -52,7 +54,7 @@ pub struct MmdsOpts {
     /// The template's id: `E2B_TEMPLATE_ID`.
     #[serde(rename = "envID", default)]
     pub env_id: String,
-    /// The logs collector's address (envd's exporter; not used by sandboxd yet).
+    /// The logs collector's address (`crate::log::export`).
     #[serde(rename = "address", default)]
     pub address: String,
     /// Lower-case hex SHA-512 of the token `/init` may set; empty when the host set none.
@@ -117,97 +119,9 @@ pub fn fetch(address: SocketAddr, timeout: Duration) -> Result<MmdsOpts, String>
 
 /// Sends `request` on a new connection and returns the body of a 200 answer.
 fn exchange(address: SocketAddr, timeout: Duration, request: &str) -> Result<Vec<u8>, String> {
-    let deadline = Instant::now() + timeout;
-    let mut stream = TcpStream::connect_timeout(&address, timeout).map_err(|e| e.to_string())?;
-    // What is left of `timeout` after the connect bounds the write; the reads share the rest.
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err("no answer in time".into());
-    }
-    stream
-        .set_write_timeout(Some(left))
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err("no complete answer in time".into());
-        }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(|e| e.to_string())?;
-        let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buf[..n]);
-        if answer.len() > MAX_ANSWER {
-            return Err(format!("answer longer than {MAX_ANSWER} bytes"));
-        }
-        if body_complete(&answer) {
-            break;
-        }
-    }
-    split_answer(&answer)
-}
-
-/// Whether `answer` holds a head and the whole body its `Content-Length` announces.
-fn body_complete(answer: &[u8]) -> bool {
-    let Some(end) = head_end(answer) else {
-        return false;
-    };
-    content_length(&answer[..end]).is_some_and(|length| answer.len() - end >= length)
-}
-
-/// The offset after the head's blank line.
-fn head_end(answer: &[u8]) -> Option<usize> {
-    answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|at| at + 4)
-}
-
-fn content_length(head: &[u8]) -> Option<usize> {
-    String::from_utf8_lossy(head)
-        .lines()
-        .skip(1)
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.trim()
-                .eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-}
-
-/// The body of a complete `200` answer (its `Content-Length`, else up to the close).
-fn split_answer(answer: &[u8]) -> Result<Vec<u8>, String> {
-    let end = head_end(answer).ok_or("the answer has no complete head")?;
-    let head = String::from_utf8_lossy(&answer[..end]);
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse::<u16>().ok())
-        .ok_or("the answer has no status")?;
-    if status != 200 {
-        return Err(format!("status {status}"));
-    }
-    if head.lines().any(|line| {
-        line.split_once(':').is_some_and(|(name, value)| {
-            name.trim().eq_ignore_ascii_case("transfer-encoding")
-                && !value.trim().eq_ignore_ascii_case("identity")
-        })
-    }) {
-        return Err("a transfer-encoded answer is not supported".into());
-    }
-    let body = &answer[end..];
-    match content_length(&answer[..end]) {
-        Some(length) if body.len() < length => Err("the answer's body was cut short".into()),
-        Some(length) => Ok(body[..length].to_vec()),
-        None => Ok(body.to_vec()),
+    match http_client::exchange(address, timeout, request.as_bytes(), MAX_ANSWER)? {
+        (200, body) => Ok(body),
+        (status, _) => Err(format!("status {status}")),
     }
 }
 
@@ -349,6 +263,7 @@ impl Mmds {
         };
         *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
         self.answered.store(true, Ordering::Relaxed);
+        crate::log::export::set_target(&opts.address, &opts.instance_id, &opts.env_id);
     }
 }
 
@@ -425,28 +340,6 @@ mod tests {
             Some(given)
         );
         assert_eq!(envd_default_address("envd", Some(given), true), Some(given));
-    }
-
-    #[test]
-    fn answers_are_split_by_their_length_and_status() {
-        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef";
-        assert!(body_complete(ok));
-        assert_eq!(split_answer(ok).unwrap(), b"abc");
-        let short = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nabc";
-        assert!(!body_complete(short));
-        assert!(split_answer(short).is_err());
-        assert_eq!(
-            split_answer(b"HTTP/1.1 200 OK\r\n\r\nto-the-close").unwrap(),
-            b"to-the-close"
-        );
-        assert_eq!(
-            split_answer(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n").unwrap_err(),
-            "status 401"
-        );
-        assert!(
-            split_answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc").is_err()
-        );
-        assert!(split_answer(b"HTTP/1.1 200 OK\r\n").is_err());
     }
 
     #[test]

@@ -32,13 +32,13 @@ struct State {
 }
 
 /// A fake MMDS v2 on 127.0.0.1:0, one thread per connection.
-struct FakeMmds {
+pub(crate) struct FakeMmds {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
 }
 
 impl FakeMmds {
-    fn start(metadata: serde_json::Value) -> FakeMmds {
+    pub(crate) fn start(metadata: serde_json::Value) -> FakeMmds {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
@@ -68,7 +68,7 @@ impl FakeMmds {
     }
 
     /// A daemon using this service, its system root a temp dir of the test's.
-    fn daemon(&self, builder: Builder, root: &Path) -> Daemon {
+    pub(crate) fn daemon(&self, builder: Builder, root: &Path) -> Daemon {
         builder
             .arg("--mmds-address")
             .arg(&self.addr.to_string())

@@ -21,6 +21,8 @@ mod hardening_fs;
 mod init_system_files;
 // /init's volumeMounts and lifecycleID with fake mount helpers: what is mounted and when.
 mod volumes;
+// --log-format json, and envd's log exporter to the collector the metadata service names.
+mod log_export;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

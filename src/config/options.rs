@@ -81,6 +81,7 @@ pub const OPTIONS: &[Opt] = &[
     SYSTEM_ROOT.opt,
     MMDS_ADDRESS.opt,
     FS_AS_USER.opt,
+    LOG_FORMAT.opt,
 ];
 
 pub const LISTEN: Setting<SocketAddr> = Setting {
@@ -317,6 +318,23 @@ pub const FS_AS_USER: Setting<bool> = Setting {
     absent: None,
 };
 
+/// `--log-format`: text lines, or JSON objects with envd's field names (SPEC §1).
+pub const LOG_FORMAT: Setting<crate::log::Format> = Setting {
+    opt: Opt {
+        flag: Some("--log-format"),
+        env: "SANDBOXD_LOG_FORMAT",
+        value: "FORMAT",
+        default: Fallback::Text("text"),
+        help: "`text` (a time, then the message) or `json` (one object per line with envd's                fields: `level`, `timestamp`, `message`, a request's `operation_id`)",
+    },
+    parse: |flag, text| match text {
+        "text" => Ok(crate::log::Format::Text),
+        "json" => Ok(crate::log::Format::Json),
+        _ => Err(format!("{flag} must be text or json, not '{text}'")),
+    },
+    absent: None,
+};
+
 /// Four workers per CPU: they block on disks and slow clients, not only on the CPU.
 pub fn default_workers() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -401,5 +419,11 @@ mod tests {
         assert!(!FS_AS_USER.read(None).unwrap());
         assert!(FS_AS_USER.read(Some("true")).unwrap());
         assert!(FS_AS_USER.read(Some("yes")).is_err());
+        assert_eq!(LOG_FORMAT.read(None), Ok(crate::log::Format::Text));
+        assert_eq!(LOG_FORMAT.read(Some("json")), Ok(crate::log::Format::Json));
+        assert_eq!(
+            LOG_FORMAT.read(Some("JSON")),
+            Err("--log-format must be text or json, not 'JSON'".into())
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! - [`atomic_file`]: the one way a system file is replaced (temporary, `fsync`, `rename`).
 //! - [`clock`]: `timestamp`, the clock, set only in a Firecracker guest.
 //! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
+//! - [`http_client`]: one-request HTTP/1.1 to the host's services (metadata, logs collector).
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 //! - [`volumes`]: `volumeMounts` and `lifecycleID`, the sandbox's NFS volumes.
@@ -15,5 +16,6 @@ pub mod ca_bundle;
 pub mod clock;
 pub mod command;
 pub mod hosts;
+pub mod http_client;
 pub mod init_files;
 pub mod volumes;

@@ -1,0 +1,352 @@
+//! envd's log exporter (`internal/logs/exporter/`): every log line, as JSON with the sandbox's
+//! `instanceID` and `envID` added, POSTed to the logs collector the metadata service names in
+//! `address`.
+//!
+//! On only where the metadata service is (`--mmds-address`, or envd's name): [`start`] at
+//! start-up, [`set_target`] whenever the service answers. Lines are queued from the start,
+//! before the collector is known, in one queue bounded at [`MAX_QUEUED`] bytes that drops its
+//! oldest lines when the collector is slow or down (envd's bound and rule); a line over
+//! [`MAX_LINE`] is dropped at once (a collector such as Loki refuses it anyway). Queuing is a
+//! copy and a short lock: a request never waits for the collector. One thread sends: each line
+//! in a `POST` of its own (`application/json`, as envd's), on a new connection, within
+//! [`TIMEOUT`]; a failed send drops that line and is reported on stderr at most once a minute
+//! (with how many failed meanwhile), never exported itself.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::platform::http_client;
+
+/// Bytes of lines waiting for the collector, at most (envd's `maxBufferedBytes`).
+pub const MAX_QUEUED: usize = 8 << 20;
+/// The longest line exported (envd's `maxLogLineBytes`, under Loki's 256 KiB line limit).
+pub const MAX_LINE: usize = 192 << 10;
+/// One `POST`, connect to answer (envd's `ExporterTimeout`).
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// Failures are reported at most this often.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// The collector's answer, at most.
+const MAX_ANSWER: usize = 64 << 10;
+
+/// Where lines go: the collector's address and the identity added to each line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    host: String,
+    port: u16,
+    path: String,
+    /// `,"instanceID":"…","envID":"…"` (the sandbox's, JSON-escaped).
+    identity: String,
+}
+
+#[derive(Default)]
+struct Queue {
+    lines: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// Lines dropped for room or size since the last report.
+    dropped: u64,
+    target: Option<Target>,
+}
+
+struct Exporter {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+static EXPORTER: OnceLock<Exporter> = OnceLock::new();
+
+fn exporter_queue(exporter: &Exporter) -> MutexGuard<'_, Queue> {
+    exporter.queue.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Turns exporting on: lines are queued from now on, and a thread sends them once a target
+/// is set. Once per process.
+pub fn start() {
+    let mut started = false;
+    EXPORTER.get_or_init(|| {
+        started = true;
+        Exporter {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+        }
+    });
+    if started {
+        let spawned = std::thread::Builder::new()
+            .name("log-export".into())
+            .spawn(send_forever);
+        if let Err(error) = spawned {
+            super::local_line(format_args!(
+                "log exporter: cannot start its thread: {error}"
+            ));
+        }
+    }
+}
+
+/// Whether lines are being queued.
+pub fn is_on() -> bool {
+    EXPORTER.get().is_some()
+}
+
+/// The collector the metadata service named (`address`, `http://host[:port][/path]`) and the
+/// sandbox's identity; `""` (or exporting off): lines stay queued (bounded) until one is named.
+pub fn set_target(address: &str, instance_id: &str, env_id: &str) {
+    let Some(exporter) = EXPORTER.get() else {
+        return;
+    };
+    let target = if address.is_empty() {
+        None
+    } else {
+        match parse_address(address) {
+            Ok((host, port, path)) => Some(Target {
+                host,
+                port,
+                path,
+                identity: identity(instance_id, env_id),
+            }),
+            Err(reason) => {
+                super::local_line(format_args!(
+                    "log exporter: ignoring the collector address '{address}': {reason}"
+                ));
+                None
+            }
+        }
+    };
+    let mut queue = exporter_queue(exporter);
+    if queue.target != target {
+        queue.target = target;
+        exporter.wake.notify_one();
+    }
+}
+
+/// Queues a copy of one JSON line (no newline), dropping the oldest for room.
+pub(super) fn push(line: &[u8]) {
+    let Some(exporter) = EXPORTER.get() else {
+        return;
+    };
+    let mut queue = exporter_queue(exporter);
+    if line.len() > MAX_LINE {
+        queue.dropped += 1;
+        return;
+    }
+    make_room(&mut queue, line.len());
+    queue.bytes += line.len();
+    queue.lines.push_back(line.to_vec());
+    exporter.wake.notify_one();
+}
+
+fn make_room(queue: &mut Queue, wanted: usize) {
+    while queue.bytes + wanted > MAX_QUEUED {
+        let Some(oldest) = queue.lines.pop_front() else {
+            break;
+        };
+        queue.bytes -= oldest.len();
+        queue.dropped += 1;
+    }
+}
+
+/// The sender's loop: waits for lines and a target, takes every queued line, sends each.
+fn send_forever() {
+    let Some(exporter) = EXPORTER.get() else {
+        return;
+    };
+    let mut failures: u64 = 0;
+    let mut last_report: Option<Instant> = None;
+    loop {
+        let (lines, target, dropped) = {
+            let mut queue = exporter_queue(exporter);
+            while queue.lines.is_empty() || queue.target.is_none() {
+                queue = exporter.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+            queue.bytes = 0;
+            let dropped = std::mem::take(&mut queue.dropped);
+            let target = queue.target.clone();
+            (std::mem::take(&mut queue.lines), target, dropped)
+        };
+        let Some(target) = target else { continue };
+        let mut last_error = None;
+        match resolve(&target) {
+            Ok(address) => {
+                for line in lines {
+                    if let Err(error) = send(&target, address, &line) {
+                        failures += 1;
+                        last_error = Some(error);
+                    }
+                }
+            }
+            Err(error) => {
+                failures += lines.len() as u64;
+                last_error = Some(error);
+            }
+        }
+        let due = last_report.is_none_or(|at| at.elapsed() >= REPORT_EVERY);
+        if let (Some(error), true) = (last_error, due) {
+            super::local_line(format_args!(
+                "log exporter: cannot send to http://{}:{}{}: {error} ({failures} lines not \
+                 sent, {dropped} dropped for room, since the last report)",
+                target.host, target.port, target.path
+            ));
+            failures = 0;
+            last_report = Some(Instant::now());
+        }
+    }
+}
+
+fn resolve(target: &Target) -> Result<SocketAddr, String> {
+    (target.host.as_str(), target.port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| format!("'{}' has no address", target.host))
+}
+
+/// One line in one `POST`; any 2xx is success.
+fn send(target: &Target, address: SocketAddr, line: &[u8]) -> Result<(), String> {
+    let body = with_identity(line, &target.identity);
+    let host = if target.host.contains(':') {
+        format!("[{}]", target.host)
+    } else {
+        target.host.clone()
+    };
+    let mut request = format!(
+        "POST {} HTTP/1.1\r\nHost: {host}:{}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        target.path,
+        target.port,
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    match http_client::exchange(address, TIMEOUT, &request, MAX_ANSWER)? {
+        (200..=299, _) => Ok(()),
+        (status, _) => Err(format!("the collector answered {status}")),
+    }
+}
+
+/// `line` (a JSON object) with the identity's fields added after its `{`.
+fn with_identity(line: &[u8], identity: &str) -> Vec<u8> {
+    let mut body = Vec::with_capacity(line.len() + identity.len());
+    match line.split_first() {
+        Some((b'{', rest)) => {
+            body.push(b'{');
+            body.extend_from_slice(&identity.as_bytes()[1..]);
+            if rest.first() != Some(&b'}') {
+                body.push(b',');
+            }
+            body.extend_from_slice(rest);
+        }
+        _ => body.extend_from_slice(line),
+    }
+    body
+}
+
+fn identity(instance_id: &str, env_id: &str) -> String {
+    let quote = |text: &str| serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into());
+    format!(
+        ",\"instanceID\":{},\"envID\":{}",
+        quote(instance_id),
+        quote(env_id)
+    )
+}
+
+/// `http://host[:port][/path]` into its parts (port 80, path `/` by default). Only `http`:
+/// the collector is on the host's side of a link no one else is on, and envd's is plain HTTP.
+fn parse_address(address: &str) -> Result<(String, u16, String), String> {
+    let rest = address
+        .strip_prefix("http://")
+        .ok_or("only http:// addresses are supported")?;
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(at) if rest.as_bytes()[at] == b'/' => (&rest[..at], &rest[at..]),
+        Some(at) => (&rest[..at], ""),
+        None => (rest, "/"),
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    if path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err("the path has spaces or control characters".into());
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or("an unclosed '[' in the host")?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || host.contains(['@', ' ']) || host.bytes().any(|b| b.is_ascii_control()) {
+        return Err("no valid host".into());
+    }
+    let port = match port {
+        None => 80,
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or("the port is not a number from 1 to 65535")?,
+    };
+    Ok((host.to_string(), port, path.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collector_addresses_are_parsed() {
+        let parsed = |a: &str| parse_address(a);
+        assert_eq!(
+            parsed("http://10.0.0.1:30006"),
+            Ok(("10.0.0.1".into(), 30006, "/".into()))
+        );
+        assert_eq!(
+            parsed("http://logs.local/in?x=1"),
+            Ok(("logs.local".into(), 80, "/in?x=1".into()))
+        );
+        assert_eq!(
+            parsed("http://[fd00::1]:9/p"),
+            Ok(("fd00::1".into(), 9, "/p".into()))
+        );
+        assert_eq!(parsed("http://h?q"), Ok(("h".into(), 80, "/".into())));
+        for bad in [
+            "https://h",
+            "h:80",
+            "http://",
+            "http://:80",
+            "http://h:0",
+            "http://h:99999",
+            "http://u@h",
+            "http://h/a b",
+            "http://[::1",
+        ] {
+            assert!(parsed(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_identity_goes_first_in_each_line() {
+        let identity = identity("isb\"1", "tpl");
+        assert_eq!(
+            with_identity(br#"{"level":"info"}"#, &identity),
+            br#"{"instanceID":"isb\"1","envID":"tpl","level":"info"}"#.to_vec()
+        );
+        assert_eq!(
+            with_identity(b"{}", &identity),
+            br#"{"instanceID":"isb\"1","envID":"tpl"}"#.to_vec()
+        );
+    }
+
+    #[test]
+    fn the_queue_drops_its_oldest_lines_for_room() {
+        let mut queue = Queue::default();
+        let line = vec![b'x'; MAX_QUEUED / 4];
+        for _ in 0..4 {
+            make_room(&mut queue, line.len());
+            queue.bytes += line.len();
+            queue.lines.push_back(line.clone());
+        }
+        assert_eq!((queue.lines.len(), queue.dropped), (4, 0));
+        make_room(&mut queue, 10);
+        assert_eq!((queue.lines.len(), queue.dropped), (3, 1));
+        assert_eq!(queue.bytes, 3 * line.len());
+    }
+}
