@@ -6,14 +6,19 @@
 //! start-up, [`set_target`] whenever the service answers. Lines are queued from the start,
 //! before the collector is known, in one queue bounded at [`MAX_QUEUED`] bytes that drops its
 //! oldest lines when the collector is slow or down (envd's bound and rule); a line over
-//! [`MAX_LINE`] is dropped at once (a collector such as Loki refuses it anyway). Queuing is a
-//! copy and a short lock: a request never waits for the collector. One thread sends: each line
-//! in a `POST` of its own (`application/json`, as envd's), on a new connection, within
-//! [`TIMEOUT`]; a failed send drops that line and is reported on stderr at most once a minute
-//! (with how many failed meanwhile), never exported itself.
+//! [`MAX_LINE`] is dropped at once (a collector such as Loki refuses it anyway); the bound
+//! counts each line's bytes plus [`LINE_OVERHEAD`] for its allocation, and the lines being sent
+//! ([`BATCH`] at most, taken off the queue) come on top. Queuing is a copy and a short lock: a
+//! request never waits for the collector. One thread, at nice [`NICE`] so that it yields the
+//! CPU to the workers under load (the queue sheds lines then), sends: each line in a `POST` of
+//! its own (`application/json`, as envd's), on a new connection, within [`TIMEOUT`]; a failed
+//! send drops that line and is reported on stderr at most once a minute (with how many failed
+//! meanwhile), never exported itself. The collector's host must be an IP address (envd's is the
+//! host's address on the sandbox's link): resolving names would put a DNS resolver in the
+//! binary for no caller.
 
 use std::collections::VecDeque;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,13 @@ pub const MAX_QUEUED: usize = 8 << 20;
 pub const MAX_LINE: usize = 192 << 10;
 /// One `POST`, connect to answer (envd's `ExporterTimeout`).
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// What a queued line costs beyond its bytes (its `Vec` and allocator header), counted in the
+/// bound.
+pub const LINE_OVERHEAD: usize = 48;
+/// Lines taken off the queue at once to be sent.
+pub const BATCH: usize = 64;
+/// The sender's nice value: the lowest priority.
+const NICE: i32 = 19;
 /// Failures are reported at most this often.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 /// The collector's answer, at most.
@@ -33,8 +45,7 @@ const MAX_ANSWER: usize = 64 << 10;
 /// Where lines go: the collector's address and the identity added to each line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Target {
-    host: String,
-    port: u16,
+    address: SocketAddr,
     path: String,
     /// `,"instanceID":"…","envID":"…"` (the sandbox's, JSON-escaped).
     identity: String,
@@ -98,9 +109,8 @@ pub fn set_target(address: &str, instance_id: &str, env_id: &str) {
         None
     } else {
         match parse_address(address) {
-            Ok((host, port, path)) => Some(Target {
-                host,
-                port,
+            Ok((address, path)) => Some(Target {
+                address,
                 path,
                 identity: identity(instance_id, env_id),
             }),
@@ -129,10 +139,15 @@ pub(super) fn push(line: &[u8]) {
         queue.dropped += 1;
         return;
     }
-    make_room(&mut queue, line.len());
-    queue.bytes += line.len();
+    make_room(&mut queue, line.len() + LINE_OVERHEAD);
+    let was_empty = queue.lines.is_empty();
+    queue.bytes += line.len() + LINE_OVERHEAD;
     queue.lines.push_back(line.to_vec());
-    exporter.wake.notify_one();
+    // The sender waits only on an empty queue (or for a target, which `set_target` wakes it
+    // for): a wake per line would be a futex call per request.
+    if was_empty {
+        exporter.wake.notify_one();
+    }
 }
 
 fn make_room(queue: &mut Queue, wanted: usize) {
@@ -140,7 +155,7 @@ fn make_room(queue: &mut Queue, wanted: usize) {
         let Some(oldest) = queue.lines.pop_front() else {
             break;
         };
-        queue.bytes -= oldest.len();
+        queue.bytes -= oldest.len() + LINE_OVERHEAD;
         queue.dropped += 1;
     }
 }
@@ -150,6 +165,11 @@ fn send_forever() {
     let Some(exporter) = EXPORTER.get() else {
         return;
     };
+    if let Err(error) = crate::sys::priority::set_thread_nice(NICE) {
+        super::local_line(format_args!(
+            "log exporter: cannot lower its priority: {error}"
+        ));
+    }
     let mut failures: u64 = 0;
     let mut last_report: Option<Instant> = None;
     loop {
@@ -158,33 +178,26 @@ fn send_forever() {
             while queue.lines.is_empty() || queue.target.is_none() {
                 queue = exporter.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
-            queue.bytes = 0;
+            let taken = queue.lines.len().min(BATCH);
+            let lines: Vec<Vec<u8>> = queue.lines.drain(..taken).collect();
+            queue.bytes -= lines.iter().map(|l| l.len() + LINE_OVERHEAD).sum::<usize>();
             let dropped = std::mem::take(&mut queue.dropped);
-            let target = queue.target.clone();
-            (std::mem::take(&mut queue.lines), target, dropped)
+            (lines, queue.target.clone(), dropped)
         };
         let Some(target) = target else { continue };
         let mut last_error = None;
-        match resolve(&target) {
-            Ok(address) => {
-                for line in lines {
-                    if let Err(error) = send(&target, address, &line) {
-                        failures += 1;
-                        last_error = Some(error);
-                    }
-                }
-            }
-            Err(error) => {
-                failures += lines.len() as u64;
+        for line in lines {
+            if let Err(error) = send(&target, &line) {
+                failures += 1;
                 last_error = Some(error);
             }
         }
         let due = last_report.is_none_or(|at| at.elapsed() >= REPORT_EVERY);
         if let (Some(error), true) = (last_error, due) {
             super::local_line(format_args!(
-                "log exporter: cannot send to http://{}:{}{}: {error} ({failures} lines not \
+                "log exporter: cannot send to http://{}{}: {error} ({failures} lines not \
                  sent, {dropped} dropped for room, since the last report)",
-                target.host, target.port, target.path
+                target.address, target.path
             ));
             failures = 0;
             last_report = Some(Instant::now());
@@ -192,32 +205,19 @@ fn send_forever() {
     }
 }
 
-fn resolve(target: &Target) -> Result<SocketAddr, String> {
-    (target.host.as_str(), target.port)
-        .to_socket_addrs()
-        .map_err(|e| e.to_string())?
-        .next()
-        .ok_or_else(|| format!("'{}' has no address", target.host))
-}
-
 /// One line in one `POST`; any 2xx is success.
-fn send(target: &Target, address: SocketAddr, line: &[u8]) -> Result<(), String> {
+fn send(target: &Target, line: &[u8]) -> Result<(), String> {
     let body = with_identity(line, &target.identity);
-    let host = if target.host.contains(':') {
-        format!("[{}]", target.host)
-    } else {
-        target.host.clone()
-    };
     let mut request = format!(
-        "POST {} HTTP/1.1\r\nHost: {host}:{}\r\nContent-Type: application/json\r\n\
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         target.path,
-        target.port,
+        target.address,
         body.len()
     )
     .into_bytes();
     request.extend_from_slice(&body);
-    match http_client::exchange(address, TIMEOUT, &request, MAX_ANSWER)? {
+    match http_client::exchange(target.address, TIMEOUT, &request, MAX_ANSWER)? {
         (200..=299, _) => Ok(()),
         (status, _) => Err(format!("the collector answered {status}")),
     }
@@ -249,18 +249,17 @@ fn identity(instance_id: &str, env_id: &str) -> String {
     )
 }
 
-/// `http://host[:port][/path]` into its parts (port 80, path `/` by default). Only `http`:
-/// the collector is on the host's side of a link no one else is on, and envd's is plain HTTP.
-fn parse_address(address: &str) -> Result<(String, u16, String), String> {
+/// `http://<IP>[:port][/path]` (IPv6 in brackets) into the socket address (port 80 by
+/// default) and the path (`/` by default). Only `http`, and only an IP address: see the module.
+fn parse_address(address: &str) -> Result<(SocketAddr, String), String> {
     let rest = address
         .strip_prefix("http://")
         .ok_or("only http:// addresses are supported")?;
     let (authority, path) = match rest.find(['/', '?']) {
         Some(at) if rest.as_bytes()[at] == b'/' => (&rest[..at], &rest[at..]),
-        Some(at) => (&rest[..at], ""),
+        Some(at) => (&rest[..at], "/"),
         None => (rest, "/"),
     };
-    let path = if path.is_empty() { "/" } else { path };
     if path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
         return Err("the path has spaces or control characters".into());
     }
@@ -273,9 +272,9 @@ fn parse_address(address: &str) -> Result<(String, u16, String), String> {
             None => (authority, None),
         }
     };
-    if host.is_empty() || host.contains(['@', ' ']) || host.bytes().any(|b| b.is_ascii_control()) {
-        return Err("no valid host".into());
-    }
+    let ip: IpAddr = host
+        .parse()
+        .map_err(|_| format!("the host '{host}' is not an IP address"))?;
     let port = match port {
         None => 80,
         Some(port) => port
@@ -284,7 +283,7 @@ fn parse_address(address: &str) -> Result<(String, u16, String), String> {
             .filter(|&p| p != 0)
             .ok_or("the port is not a number from 1 to 65535")?,
     };
-    Ok((host.to_string(), port, path.to_string()))
+    Ok((SocketAddr::new(ip, port), path.to_string()))
 }
 
 #[cfg(test)]
@@ -294,28 +293,27 @@ mod tests {
     #[test]
     fn collector_addresses_are_parsed() {
         let parsed = |a: &str| parse_address(a);
+        let at = |a: &str, path: &str| Ok((a.parse().unwrap(), path.to_string()));
+        assert_eq!(parsed("http://10.0.0.1:30006"), at("10.0.0.1:30006", "/"));
         assert_eq!(
-            parsed("http://10.0.0.1:30006"),
-            Ok(("10.0.0.1".into(), 30006, "/".into()))
+            parsed("http://10.0.0.1/in?x=1"),
+            at("10.0.0.1:80", "/in?x=1")
         );
+        assert_eq!(parsed("http://[fd00::1]:9/p"), at("[fd00::1]:9", "/p"));
+        assert_eq!(parsed("http://10.0.0.1?q"), at("10.0.0.1:80", "/"));
         assert_eq!(
-            parsed("http://logs.local/in?x=1"),
-            Ok(("logs.local".into(), 80, "/in?x=1".into()))
+            parsed("http://logs.local/in"),
+            Err("the host 'logs.local' is not an IP address".into())
         );
-        assert_eq!(
-            parsed("http://[fd00::1]:9/p"),
-            Ok(("fd00::1".into(), 9, "/p".into()))
-        );
-        assert_eq!(parsed("http://h?q"), Ok(("h".into(), 80, "/".into())));
         for bad in [
-            "https://h",
-            "h:80",
+            "https://10.0.0.1",
+            "10.0.0.1:80",
             "http://",
             "http://:80",
-            "http://h:0",
-            "http://h:99999",
-            "http://u@h",
-            "http://h/a b",
+            "http://10.0.0.1:0",
+            "http://10.0.0.1:99999",
+            "http://u@10.0.0.1",
+            "http://10.0.0.1/a b",
             "http://[::1",
         ] {
             assert!(parsed(bad).is_err(), "{bad}");
@@ -338,15 +336,15 @@ mod tests {
     #[test]
     fn the_queue_drops_its_oldest_lines_for_room() {
         let mut queue = Queue::default();
-        let line = vec![b'x'; MAX_QUEUED / 4];
+        let line = vec![b'x'; MAX_QUEUED / 4 - LINE_OVERHEAD];
         for _ in 0..4 {
-            make_room(&mut queue, line.len());
-            queue.bytes += line.len();
+            make_room(&mut queue, line.len() + LINE_OVERHEAD);
+            queue.bytes += line.len() + LINE_OVERHEAD;
             queue.lines.push_back(line.clone());
         }
         assert_eq!((queue.lines.len(), queue.dropped), (4, 0));
         make_room(&mut queue, 10);
         assert_eq!((queue.lines.len(), queue.dropped), (3, 1));
-        assert_eq!(queue.bytes, 3 * line.len());
+        assert_eq!(queue.bytes, 3 * MAX_QUEUED / 4);
     }
 }

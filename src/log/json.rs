@@ -4,6 +4,8 @@
 //! sandboxd's lines carry no severity of their own: every line is `"level":"info"`, the
 //! message says what happened. A request's line adds its fields beside the message.
 
+use std::io::Write;
+
 use super::RequestFields;
 
 /// Appends `{"level":"info","timestamp":...,"message":...}` (and a request's fields) to `out`.
@@ -23,16 +25,15 @@ pub(super) fn write_line(
         string(out, request.method);
         out.extend_from_slice(b",\"path\":");
         string(out, request.target);
-        out.extend_from_slice(
-            format!(
-                ",\"status\":{},\"bytes\":{},\"duration_us\":{}",
-                request.status, request.bytes, request.micros
-            )
-            .as_bytes(),
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            out,
+            ",\"status\":{},\"bytes\":{},\"duration_us\":{}",
+            request.status, request.bytes, request.micros
         );
     }
     if let Some(operation) = operation {
-        out.extend_from_slice(format!(",\"operation_id\":\"{operation}\"").as_bytes());
+        let _ = write!(out, ",\"operation_id\":\"{operation}\"");
     }
     out.push(b'}');
 }

@@ -112,9 +112,12 @@ fn emit(message: fmt::Arguments, request: Option<RequestFields>, exported: bool)
             let operation = request
                 .is_some()
                 .then(|| OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1);
-            let mut timestamp = Vec::with_capacity(24);
-            write_timestamp(&mut timestamp, now);
-            json::write_line(line, &timestamp, text, request.as_ref(), operation);
+            // `9999-12-31T23:59:59.999Z` is 24 bytes; a later year (saturated) is cut.
+            let mut stamp = [0u8; 32];
+            let mut cursor = io::Cursor::new(&mut stamp[..]);
+            write_timestamp(&mut cursor, now);
+            let written = usize::try_from(cursor.position()).unwrap_or(0);
+            json::write_line(line, &stamp[..written], text, request.as_ref(), operation);
             if exporting {
                 export::push(line);
             }
@@ -151,7 +154,7 @@ fn write_stderr(text: &[u8]) {
     }
 }
 
-fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
+fn write_timestamp(out: &mut impl Write, since_epoch: Duration) {
     // Past i64::MAX seconds (in 292 billion years) the timestamp saturates.
     let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
