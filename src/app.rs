@@ -44,13 +44,28 @@ pub struct App {
     /// serialises the applying of `/init`s.
     last_init: Mutex<Option<i128>>,
     shutting_down: AtomicBool,
+    /// An authorised `/init` has been made: `/upgrade` is refused before (as envd's).
+    initialized: AtomicBool,
     /// The metadata service client, with `--mmds-address`.
     pub mmds: Option<Arc<Mmds>>,
     /// `None` when /proc could not be opened; retried on the next `/metrics`.
     sampler: Mutex<Option<Sampler>>,
 }
 
-#[derive(Debug, Clone)]
+/// The part of [`App`] that `/init`s change, as a live upgrade carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppState {
+    pub token: Option<String>,
+    pub init_env: BTreeMap<String, String>,
+    pub internal_env: BTreeMap<String, String>,
+    pub defaults: Defaults,
+    pub last_init: Option<i128>,
+    pub initialized: bool,
+    /// Mount point → lifecycle (`platform::volumes`).
+    pub volumes: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct Defaults {
     pub user: String,
     pub workdir: Option<PathBuf>,
@@ -72,6 +87,7 @@ impl App {
             init_env: RwLock::new(BTreeMap::new()),
             internal_env: RwLock::new(BTreeMap::new()),
             system_files: SystemFiles::default(),
+            initialized: AtomicBool::new(false),
             volumes: Ledger::default(),
             last_init: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
@@ -113,6 +129,39 @@ impl App {
     /// Sets one of the daemon's internal variables (SPEC §9).
     pub fn set_internal_env(&self, key: &str, value: String) {
         write(&self.internal_env).insert(key.to_string(), value);
+    }
+
+    /// Records that an authorised `/init` was made.
+    pub fn mark_initialized(&self) {
+        self.initialized.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::SeqCst)
+    }
+
+    /// What `/init`s made of the daemon's memory, for a live upgrade's handover.
+    pub fn state(&self) -> AppState {
+        AppState {
+            token: self.token(),
+            init_env: read(&self.init_env).clone(),
+            internal_env: read(&self.internal_env).clone(),
+            defaults: self.defaults(),
+            last_init: *self.last_init.lock().unwrap_or_else(|e| e.into_inner()),
+            initialized: self.is_initialized(),
+            volumes: self.volumes.entries(),
+        }
+    }
+
+    /// Takes back what a previous image handed over (before serving).
+    pub fn restore(&self, state: AppState) {
+        *write(&self.token) = state.token;
+        *write(&self.init_env) = state.init_env;
+        *write(&self.internal_env) = state.internal_env;
+        *write(&self.defaults) = state.defaults;
+        *self.last_init.lock().unwrap_or_else(|e| e.into_inner()) = state.last_init;
+        self.initialized.store(state.initialized, Ordering::SeqCst);
+        self.volumes.restore(state.volumes);
     }
 
     /// The lock and order of `/init`'s system files.

@@ -20,7 +20,8 @@ pub use usage::help;
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
     FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, LOG_FORMAT,
-    MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
+    MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, UPGRADE_PATH,
+    WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +50,8 @@ pub struct Config {
     pub fs_as_user: bool,
     /// `--log-format`: how lines are written on stderr.
     pub log_format: crate::log::Format,
+    /// `--upgrade-path`: where `/upgrade` puts the new binary.
+    pub upgrade_path: PathBuf,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -150,6 +153,7 @@ fn parse_serve(
         mmds_address,
         fs_as_user: given.read(&FS_AS_USER)?,
         log_format: given.read(&LOG_FORMAT)?,
+        upgrade_path: given.read(&UPGRADE_PATH)?,
         envd,
     })
 }

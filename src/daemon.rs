@@ -19,7 +19,7 @@ use crate::http;
 use crate::proc;
 use crate::routes::Router;
 use crate::sys::{self, process};
-use crate::{log, notify, token};
+use crate::{log, notify, token, upgrade};
 
 /// The `Server` header of every answer (SPEC §1).
 pub const SERVER: &str = concat!("sandboxd/", env!("CARGO_PKG_VERSION"));
@@ -29,12 +29,17 @@ const DISCARD_CAP: u64 = 64 << 20;
 /// Most bytes all incomplete request heads may hold together; past it the oldest is closed.
 const PARTIAL_HEAD_BUDGET: usize = 16 << 20;
 
-const SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD];
+/// The signals the main thread waits for: stop, reap, and `SIGUSR2`, which `/upgrade` sends to
+/// have the main thread perform the upgrade (`crate::upgrade`).
+const SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD, libc::SIGUSR2];
 
 /// Runs the daemon until a stop signal; returns the process exit code: 0 after a drain, 1 when
 /// it cannot start, 2 for a bad token.
 pub fn run(config: Config) -> ExitCode {
     log::set_format(config.log_format);
+    // First: the descriptors a previous image handed over are taken before anything of this
+    // one could be given their numbers.
+    let handed_over = upgrade::take_over();
     if let Err(e) = process::block_signals(&SIGNALS) {
         log::line(format_args!("cannot block signals: {e}"));
         return ExitCode::FAILURE;
@@ -71,12 +76,15 @@ pub fn run(config: Config) -> ExitCode {
             "warning: no access token configured: every route is open until POST /init sets one"
         ));
     }
-    let listener = match TcpListener::bind(config.listen) {
-        Ok(listener) => listener,
-        Err(e) => {
-            log::line(format_args!("cannot listen on {}: {e}", config.listen));
-            return ExitCode::FAILURE;
-        }
+    let (listener, handover) = match handed_over {
+        Some((listener, handover)) => (listener, Some(handover)),
+        None => match TcpListener::bind(config.listen) {
+            Ok(listener) => (listener, None),
+            Err(e) => {
+                log::line(format_args!("cannot listen on {}: {e}", config.listen));
+                return ExitCode::FAILURE;
+            }
+        },
     };
     let address = listener
         .local_addr()
@@ -103,6 +111,9 @@ pub fn run(config: Config) -> ExitCode {
         crate::fs::temp::start_sweeper_now();
     }
     let app = Arc::new(App::new(config, token, env));
+    if let Some(handover) = handover {
+        take_back(&app, handover);
+    }
     if let Some(mmds) = &app.mmds {
         log::line(format_args!(
             "metadata service at {}",
@@ -131,6 +142,7 @@ pub fn run(config: Config) -> ExitCode {
     loop {
         match process::wait_signal(&SIGNALS) {
             Ok(libc::SIGCHLD) => proc::reaper::reap_all(),
+            Ok(libc::SIGUSR2) => upgrade::perform(&server, &app, drain_timeout, &SIGNALS),
             Ok(signal) => {
                 log::line(format_args!("signal {signal}: draining"));
                 break;
@@ -155,6 +167,27 @@ pub fn run(config: Config) -> ExitCode {
         ));
     }
     ExitCode::SUCCESS
+}
+
+/// Restores what the previous image handed over, and records how it went for `/init`.
+fn take_back(app: &App, handover: Result<upgrade::state::Handover, String>) {
+    match handover {
+        Ok(handover) => {
+            app.restore(handover.app_state());
+            log::line(format_args!(
+                "upgrade: took over from sandboxd {} (envd {}): the listener and the state of \
+                 /init",
+                handover.from_version, handover.from_envd_version
+            ));
+            upgrade::record_outcome(upgrade::Outcome { failed: false });
+        }
+        Err(error) => {
+            log::line(format_args!(
+                "upgrade: took over the listener, but not the state: {error}; starting afresh"
+            ));
+            upgrade::record_outcome(upgrade::Outcome { failed: true });
+        }
+    }
 }
 
 /// The token (`token::load`), after which `SANDBOXD_ACCESS_TOKEN` is overwritten where the

@@ -19,6 +19,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/health", "GET, HEAD"),
     ("/envs", "GET, HEAD"),
     ("/init", "POST"),
+    ("/upgrade", "POST"),
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
     ("/files", "GET, HEAD, POST"),
@@ -80,6 +81,7 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             respond(api::envs::get(app)?)
         }
         ("/init", "POST") => api::init::begin(app, head),
+        ("/upgrade", "POST") => crate::upgrade::begin(app, head),
         ("/metrics", "GET" | "HEAD") => {
             app.require_token(head)?;
             respond(api::metrics::get(app)?)

@@ -23,6 +23,8 @@ mod init_system_files;
 mod volumes;
 // --log-format json, and envd's log exporter to the collector the metadata service names.
 mod log_export;
+// POST /upgrade: a new binary takes over in the same process, the listener and state handed over.
+mod upgrade;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

@@ -127,9 +127,12 @@ fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
     } else {
         parse_json(body)
     };
-    Ok(with_envd_headers(
-        result.and_then(|body| apply(app, head, body)),
-    ))
+    let response = with_envd_headers(result.and_then(|body| apply(app, head, body)));
+    // As envd's: once started from a live upgrade's handover, every /init says how it went.
+    Ok(match crate::upgrade::outcome() {
+        Some(outcome) => response.with_header("X-Envd-Handover", outcome.header()),
+        None => response,
+    })
 }
 
 /// Every `/init` answer, errors included, is `no-store` and names the envd level.
@@ -144,6 +147,7 @@ pub fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
 pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiError> {
     let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
     let change = init_token::authorise(app, head, body.access_token.as_deref())?;
+    app.mark_initialized();
     if let Some(mmds) = &app.mmds {
         // As envd after every authorised /init: a resumed or forked sandbox has a new identity.
         mmds.poll();

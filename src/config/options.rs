@@ -82,6 +82,7 @@ pub const OPTIONS: &[Opt] = &[
     MMDS_ADDRESS.opt,
     FS_AS_USER.opt,
     LOG_FORMAT.opt,
+    UPGRADE_PATH.opt,
 ];
 
 pub const LISTEN: Setting<SocketAddr> = Setting {
@@ -332,6 +333,20 @@ pub const LOG_FORMAT: Setting<crate::log::Format> = Setting {
         "json" => Ok(crate::log::Format::Json),
         _ => Err(format!("{flag} must be text or json, not '{text}'")),
     },
+    absent: None,
+};
+
+/// `--upgrade-path`: where `POST /upgrade` puts the new binary (SPEC §9c), envd's fixed path.
+pub const UPGRADE_PATH: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--upgrade-path"),
+        env: "SANDBOXD_UPGRADE_PATH",
+        value: "PATH",
+        default: Fallback::Text("/usr/bin/envd.next"),
+        help: "where `POST /upgrade` writes the new binary it then runs (envd's path; the \
+               orchestrator's `X-Envd-Upgrade-Bin` must name it)",
+    },
+    parse: |flag, text| absolute_path(flag, text),
     absent: None,
 };
 

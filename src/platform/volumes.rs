@@ -71,6 +71,19 @@ impl Ledger {
     fn mounted(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
         self.mounted.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Mount point → lifecycle, for a live upgrade's handover (the mounts outlive the image).
+    pub fn entries(&self) -> Vec<(String, String)> {
+        self.mounted()
+            .iter()
+            .map(|(path, lifecycle)| (path.clone(), lifecycle.clone()))
+            .collect()
+    }
+
+    /// Takes back the entries a previous image handed over.
+    pub fn restore(&self, entries: Vec<(String, String)>) {
+        *self.mounted() = entries.into_iter().collect();
+    }
 }
 
 /// envd's `shouldRemountNFS`: an absent lifecycle is `""`; a volume already mounted for the

@@ -138,6 +138,12 @@ pub fn kill_group(pgid: u32, signal: libc::c_int) -> io::Result<()> {
     check(unsafe { libc::kill(-pgid, signal) }).map(drop)
 }
 
+/// Sends `signal` to this process (the main thread, waiting in `sigwait`, takes it).
+pub fn signal_self(signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: getpid cannot fail; kill takes plain integers and names this process only.
+    check(unsafe { libc::kill(libc::getpid(), signal) }).map(drop)
+}
+
 /// Sends `signal` to process `pid` (the daemon signals groups; tests signal one process).
 #[cfg(test)]
 pub fn kill(pid: u32, signal: libc::c_int) -> io::Result<()> {

@@ -142,14 +142,54 @@ impl<H: Handler> Server<H> {
         self.shared.timekeeper.notify_all();
     }
 
+    /// Stops accepting but keeps the listening socket, which is handed to the caller: new
+    /// connections wait in its backlog. Requests under way go on, and every answer from now on
+    /// closes its connection (as after [`stop_accepting`](Self::stop_accepting)). For a live
+    /// upgrade, which hands the socket to the next image; [`resume_accepting`](Self::resume_accepting)
+    /// undoes it.
+    pub fn pause_accepting(&self) -> Option<TcpListener> {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let listener = lock(&self.shared.listener).take()?;
+        let _ = self.shared.epoll.delete(listener.as_raw_fd());
+        Some(listener)
+    }
+
+    /// Accepts on `listener` again, and answers keep connections open again.
+    pub fn resume_accepting(&self, listener: TcpListener) -> io::Result<()> {
+        self.shared
+            .epoll
+            .add(listener.as_raw_fd(), LISTENER, WANT_IN)?;
+        *lock(&self.shared.listener) = Some(listener);
+        self.shared.stopping.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Waits until no request is under way, at most `timeout`. True if drained.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.wait_until(timeout, || {
+            self.shared.in_flight.load(Ordering::SeqCst) == 0
+        })
+    }
+
+    /// After [`pause_accepting`](Self::pause_accepting): waits until at most `requests` are under
+    /// way (a request waiting for its own deferred answer counts) and no connection is waiting for or reading a head (an accepted connection whose
+    /// client is about to send its request; one that sends nothing holds this until `timeout`).
+    /// Then closing every connection loses no request a client had begun to send, but for one
+    /// sent on an idle keep-alive connection at that very moment. True if reached.
+    pub fn wait_quiet(&self, requests: usize, timeout: Duration) -> bool {
+        self.wait_until(timeout, || {
+            self.shared.in_flight.load(Ordering::SeqCst) <= requests
+                && !lock(&self.shared.slots).any_awaiting_head()
+        })
+    }
+
+    fn wait_until(&self, timeout: Duration, done: impl Fn() -> bool) -> bool {
         let deadline = Instant::now() + timeout;
-        while self.shared.in_flight.load(Ordering::SeqCst) > 0 {
+        while !done() {
             if Instant::now() >= deadline {
                 return false;
             }
-            thread::sleep(Duration::from_millis(5));
+            thread::sleep(Duration::from_millis(1));
         }
         true
     }
@@ -621,6 +661,15 @@ impl Slots {
     }
 
     /// Removes the idle connection parked longest, to free a descriptor.
+    /// Whether a connection is with a worker or parked waiting for (or reading) a head.
+    fn any_awaiting_head(&self) -> bool {
+        self.entries.iter().any(|slot| match &slot.state {
+            State::Free => false,
+            State::Busy { .. } => true,
+            State::Parked(parked) => parked.connection.conn.awaits_head(),
+        })
+    }
+
     fn close_oldest_idle(&mut self) -> Option<Connection> {
         let oldest = self
             .entries

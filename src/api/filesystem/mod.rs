@@ -12,6 +12,8 @@ mod messages;
 mod ops;
 mod watch;
 
+pub use watch::live_watchers;
+
 use std::io;
 use std::path::Path;
 use std::sync::Arc;

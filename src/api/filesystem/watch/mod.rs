@@ -14,6 +14,8 @@ pub(super) mod setup;
 mod stream;
 mod watchers;
 
+pub use watchers::live as live_watchers;
+
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};

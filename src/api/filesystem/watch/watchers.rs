@@ -171,6 +171,11 @@ fn new_id() -> Result<String, Error> {
     Ok(id)
 }
 
+/// How many watchers `CreateWatcher` made are live.
+pub fn live() -> usize {
+    watchers().len()
+}
+
 fn watchers() -> MutexGuard<'static, BTreeMap<String, Watcher>> {
     WATCHERS.lock().unwrap_or_else(|e| e.into_inner())
 }

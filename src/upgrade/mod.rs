@@ -1,0 +1,234 @@
+//! Live upgrade (`POST /upgrade`, envd's): a new binary takes over the running daemon in the
+//! same process, and no connection is refused meanwhile.
+//!
+//! - [`receive`]: the route. The new binary streams in the body to `--upgrade-path` (a
+//!   temporary beside it first), is checked to run (`-version` answers a version), and only
+//!   then takes the path; an empty body re-executes the running binary. Refused before the
+//!   first authorised `/init`, and while processes or watchers live (their handover is not
+//!   built: the upgrade would lose them).
+//! - [`perform`] (on the main thread, which the route wakes with `SIGUSR2`): stop accepting
+//!   but keep the listening socket, let requests under way finish (the drain timeout), write
+//!   the [`state`] into a memory file, and `execve` the new binary with both descriptors left
+//!   open and named in `SANDBOXD_HANDOVER`. Connections that arrive meanwhile wait in the
+//!   socket's backlog for the new image. If the `execve` fails, everything is put back and the
+//!   request is answered 500: the old daemon serves on.
+//! - [`take_over`] (the new image, at start): the listener and the state back, the variable
+//!   removed, and the outcome kept for the next `/init`'s `X-Envd-Handover`.
+//!
+//! The upgrade request itself is never answered on success, as envd's: the connection closes
+//! with the `execve`, which E2B's orchestrator reads as success, and it confirms by the version
+//! the next `/init` answers.
+
+mod receive;
+pub mod state;
+
+use std::ffi::OsString;
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use prost::Message;
+
+pub use receive::begin;
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::http::deferred::Answer;
+use crate::http::Response;
+use crate::log;
+use crate::sys::handover as fds;
+use state::Handover;
+
+/// The variable naming the handed-over descriptors: `<listener>,<state>`.
+pub const HANDOVER_VAR: &str = "SANDBOXD_HANDOVER";
+/// The state's largest size read back.
+const MAX_STATE: u64 = 16 << 20;
+
+/// An upgrade the route accepted, for the main thread.
+pub struct Pending {
+    /// The binary to run; `None`: the running one again.
+    binary: Option<PathBuf>,
+    answer: Answer,
+}
+
+static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
+/// How this image's start from a handover went, once it did.
+static OUTCOME: OnceLock<Outcome> = OnceLock::new();
+
+/// The outcome of the handover this image started from, if it did.
+pub fn outcome() -> Option<Outcome> {
+    OUTCOME.get().copied()
+}
+
+/// Records the outcome of the handover this image started from (once, at start).
+pub fn record_outcome(outcome: Outcome) {
+    let _ = OUTCOME.set(outcome);
+}
+
+fn pending() -> MutexGuard<'static, Option<Pending>> {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why an upgrade cannot happen now: state it would lose.
+pub fn refusal() -> Option<ApiError> {
+    let processes = crate::proc::Hub::running().map_or(0, |hub| hub.list().len());
+    let watchers = crate::api::filesystem::live_watchers();
+    (processes > 0 || watchers > 0).then(|| {
+        ApiError::new(
+            409,
+            format!(
+                "cannot upgrade now: {processes} processes and {watchers} watchers are live, and \
+                 a live upgrade does not carry processes or watchers over yet"
+            ),
+        )
+    })
+}
+
+/// What the previous image handed over, as `X-Envd-Handover` reports it (envd's fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub failed: bool,
+}
+
+impl Outcome {
+    /// envd's `handoverResult` JSON: nothing but the daemon's own state is carried yet, so
+    /// every count is 0.
+    pub fn header(&self) -> String {
+        format!(
+            "{{\"failed\":{},\"procs\":0,\"procs_failed\":0,\"retained\":0,\"retained_failed\":0,\
+             \"watchers\":0,\"watchers_failed\":0}}",
+            self.failed
+        )
+    }
+}
+
+/// Hands `pending` to the main thread; the request waits for its deferred answer.
+fn hand_to_main_thread(binary: Option<PathBuf>) -> Result<Response, ApiError> {
+    let mut slot = pending();
+    if slot.is_some() {
+        return Err(ApiError::new(409, "an upgrade is already under way"));
+    }
+    let (answer, deferred) = crate::http::deferred::channel();
+    *slot = Some(Pending { binary, answer });
+    drop(slot);
+    if let Err(error) = crate::sys::process::signal_self(libc::SIGUSR2) {
+        pending().take();
+        return Err(ApiError::internal(format!(
+            "cannot start the upgrade: {error}"
+        )));
+    }
+    Ok(Response::deferred(deferred))
+}
+
+/// The main thread's side, on `SIGUSR2`: performs the pending upgrade; returns only when it did
+/// not happen (the request then has its answer and the daemon serves on).
+pub fn perform<H: crate::http::Handler>(
+    server: &crate::http::Server<H>,
+    app: &App,
+    drain_timeout: Duration,
+    signals: &[libc::c_int],
+) {
+    let Some(Pending { binary, answer }) = pending().take() else {
+        return;
+    };
+    if let Some(refused) = refusal() {
+        answer.send(refused.into());
+        return;
+    }
+    let Some(listener) = server.pause_accepting() else {
+        answer.send(ApiError::internal("the daemon is shutting down").into());
+        return;
+    };
+    log::line(format_args!(
+        "upgrade: draining before executing {}",
+        binary.as_ref().map_or_else(
+            || "the running binary".into(),
+            |b| format!("'{}'", b.display())
+        )
+    ));
+    // The upgrade request itself waits in flight for its answer; connections accepted before
+    // the pause get their request in first.
+    if !server.wait_quiet(1, drain_timeout) {
+        log::line(format_args!(
+            "upgrade: drain timeout of {drain_timeout:?} reached; requests under way are cut"
+        ));
+    }
+    let error = exec(app, &listener, binary.as_ref());
+    // Only on failure: the old image serves on.
+    if let Err(restore) = crate::sys::process::block_signals(signals) {
+        log::line(format_args!(
+            "upgrade: cannot block signals again: {restore}"
+        ));
+    }
+    let _ = fds::set_close_on_exec(&listener, true);
+    let resumed = server.resume_accepting(listener);
+    log::line(format_args!("upgrade failed, serving on: {error}"));
+    if let Err(resume) = resumed {
+        log::line(format_args!("upgrade: cannot accept again: {resume}"));
+    }
+    answer.send(ApiError::internal(format!("upgrade failed: {error}")).into());
+}
+
+/// Writes the handover and executes; returns only the reason it could not.
+fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -> String {
+    let handover = Handover::of(app.state(), listener.as_raw_fd());
+    let mut memory = match fds::memory_file("sandboxd-handover") {
+        Ok(file) => file,
+        Err(error) => return format!("cannot make the handover file: {error}"),
+    };
+    if let Err(error) = memory
+        .write_all(&handover.encode_to_vec())
+        .and_then(|()| memory.rewind())
+        .and_then(|()| fds::set_close_on_exec(&memory, false))
+        .and_then(|()| fds::set_close_on_exec(listener, false))
+    {
+        return format!("cannot write the handover: {error}");
+    }
+    let program = binary.map_or_else(|| PathBuf::from("/proc/self/exe"), PathBuf::clone);
+    let value = format!("{},{}", listener.as_raw_fd(), memory.as_raw_fd());
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(key, _)| key.as_bytes() != HANDOVER_VAR.as_bytes())
+        .collect();
+    env.push((HANDOVER_VAR.into(), value.into()));
+    let error = fds::exec(&program, &args, &env);
+    format!("cannot execute '{}': {error}", program.display())
+}
+
+/// The new image's side, at start: the listener and state the previous one handed over, if
+/// `SANDBOXD_HANDOVER` names them. The variable is removed from the environment.
+pub fn take_over() -> Option<(std::net::TcpListener, Result<Handover, String>)> {
+    let value = std::env::var(HANDOVER_VAR).ok()?;
+    std::env::remove_var(HANDOVER_VAR);
+    let (listener_fd, state_fd) = value.split_once(',')?;
+    let listener = match listener_fd.parse().map(fds::take_listener) {
+        Ok(Ok(listener)) => listener,
+        Ok(Err(error)) => {
+            log::line(format_args!(
+                "upgrade: the handed-over listener {listener_fd} is unusable: {error}"
+            ));
+            return None;
+        }
+        Err(_) => {
+            log::line(format_args!(
+                "upgrade: {HANDOVER_VAR} is malformed: '{value}'"
+            ));
+            return None;
+        }
+    };
+    let state = state_fd
+        .parse()
+        .map_err(|_| format!("{HANDOVER_VAR} is malformed: '{value}'"))
+        .and_then(|fd| fds::take_file(fd).map_err(|e| format!("the state file {fd}: {e}")))
+        .and_then(|file| {
+            let mut bytes = Vec::new();
+            file.take(MAX_STATE)
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("reading the state: {e}"))?;
+            Handover::decode_checked(&bytes)
+        });
+    Some((listener, state))
+}

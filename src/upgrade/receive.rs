@@ -1,0 +1,200 @@
+//! `POST /upgrade`'s checks and body: the new binary, streamed to a temporary beside
+//! `--upgrade-path`, checked to run, then put in place; then the main thread takes over.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{hand_to_main_thread, refusal};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::http::{Action, BodySink, Head, Response};
+use crate::platform::command;
+
+/// The largest binary accepted.
+pub const MAX_BINARY: u64 = 256 << 20;
+/// How long the new binary's `-version` may take.
+const VERSION_BUDGET: Duration = Duration::from_secs(5);
+
+/// Checks the request from its head; an empty body re-executes the running binary.
+pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
+    app.require_token(head)?;
+    if !app.is_initialized() {
+        return Err(ApiError::new(
+            409,
+            "not initialized: /upgrade is accepted only after an authorised POST /init",
+        ));
+    }
+    let target = &app.config.upgrade_path;
+    if let Some(named) = head.header("x-envd-upgrade-bin").filter(|h| !h.is_empty()) {
+        if named != target.as_os_str().as_encoded_bytes() {
+            return Err(ApiError::bad_request(format!(
+                "unsupported upgrade target '{}': the only one is '{}' (--upgrade-path)",
+                String::from_utf8_lossy(named),
+                target.display()
+            )));
+        }
+    }
+    if let Some(refused) = refusal() {
+        return Err(refused);
+    }
+    let length = head
+        .header("content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+    let chunked = head.header("transfer-encoding").is_some();
+    if length.unwrap_or(0) == 0 && !chunked {
+        return hand_to_main_thread(None).map(Action::Respond);
+    }
+    if length.is_some_and(|length| length > MAX_BINARY) {
+        return Err(too_large());
+    }
+    Ok(Action::Consume(Box::new(Receiver::create(target)?)))
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        413,
+        format!("the new binary is larger than {MAX_BINARY} bytes"),
+    )
+}
+
+/// The body, written to a temporary beside the target; removed unless put in place.
+struct Receiver {
+    file: Option<File>,
+    temporary: PathBuf,
+    target: PathBuf,
+    written: u64,
+}
+
+impl Receiver {
+    fn create(target: &Path) -> Result<Receiver, ApiError> {
+        let name = target.file_name().ok_or_else(|| {
+            ApiError::internal(format!(
+                "--upgrade-path '{}' names no file",
+                target.display()
+            ))
+        })?;
+        let mut temporary_name = std::ffi::OsString::from(".");
+        temporary_name.push(name);
+        temporary_name.push(format!(".upgrade-{}", std::process::id()));
+        let temporary = target.with_file_name(temporary_name);
+        // A leftover of an upgrade cut short is ours to replace.
+        let _ = std::fs::remove_file(&temporary);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&temporary)
+            .map_err(|e| {
+                ApiError::internal(format!("cannot create '{}': {e}", temporary.display()))
+            })?;
+        Ok(Receiver {
+            file: Some(file),
+            temporary,
+            target: target.to_path_buf(),
+            written: 0,
+        })
+    }
+
+    /// Closes, checks and places the binary; the error's answer otherwise.
+    fn place(&mut self) -> Result<(), ApiError> {
+        let file = self
+            .file
+            .take()
+            .ok_or_else(|| ApiError::internal("no file"))?;
+        let shown = self.temporary.display().to_string();
+        file.sync_all()
+            .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o755)))
+            .map_err(|e| ApiError::internal(format!("cannot write '{shown}': {e}")))?;
+        // Closed before it runs: a file open for writing cannot be executed (ETXTBSY).
+        drop(file);
+        let ran = command::run(&shown, &["-version"], Instant::now() + VERSION_BUDGET);
+        let version = ran.output.trim();
+        let runs = ran.result.is_ok() && is_version(version);
+        if !runs {
+            let why = match &ran.result {
+                Err(failure) => failure.to_string(),
+                Ok(()) => "it printed no version".to_string(),
+            };
+            return Err(ApiError::bad_request(format!(
+                "the new binary does not run: '-version' {why}: '{}'",
+                version.chars().take(200).collect::<String>()
+            )));
+        }
+        std::fs::rename(&self.temporary, &self.target).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot put the new binary at '{}': {e}",
+                self.target.display()
+            ))
+        })?;
+        crate::log::line(format_args!(
+            "upgrade: a binary of {} bytes for envd {version} is at '{}'",
+            self.written,
+            self.target.display()
+        ));
+        Ok(())
+    }
+}
+
+/// `1.2.3`: what `-version` prints.
+fn is_version(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+impl BodySink for Receiver {
+    fn data(&mut self, bytes: &[u8]) -> Result<(), Response> {
+        self.written += bytes.len() as u64;
+        if self.written > MAX_BINARY {
+            return Err(too_large().into());
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Err(ApiError::internal("no file").into());
+        };
+        file.write_all(bytes).map_err(|e| {
+            Response::from(ApiError::internal(format!(
+                "cannot write '{}': {e}",
+                self.temporary.display()
+            )))
+        })
+    }
+
+    fn end(mut self: Box<Self>) -> Response {
+        if let Err(error) = self.place() {
+            return error.into();
+        }
+        let binary = self.target.clone();
+        // In place now: nothing for the drop to remove.
+        self.temporary = PathBuf::new();
+        hand_to_main_thread(Some(binary)).unwrap_or_else(Response::from)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if !self.temporary.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.temporary);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_three_numbers() {
+        assert!(is_version("0.5.14"));
+        assert!(!is_version("0.5"));
+        assert!(!is_version("v0.5.14"));
+        assert!(!is_version("0.5.14 extra"));
+        assert!(!is_version(""));
+    }
+}
