@@ -343,3 +343,46 @@ pub fn init_system_files(data: &[u8]) {
     let removed = ca_bundle::edit(&installed, &[pem], None).unwrap_or(installed);
     assert!(!removed.windows(pem.len()).any(|window| window == pem));
 }
+
+/// The platform's other inputs, the first byte choosing: a live upgrade's handover (decoding
+/// never panics; what decodes re-encodes to the same message), a logs collector's address (an
+/// accepted one has a path beginning with `/`), `/init`'s `volumeMounts` as JSON (accepted
+/// mount points are normalised: absolute, no empty, `.` or `..` component, no trailing slash).
+pub fn platform_inputs(data: &[u8]) {
+    use prost::Message;
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    match pick % 3 {
+        0 => {
+            if let Ok(handover) = crate::upgrade::state::Handover::decode_checked(rest) {
+                let again = crate::upgrade::state::Handover::decode(&*handover.encode_to_vec());
+                assert_eq!(again.as_ref(), Ok(&handover));
+                let _ = handover.app_state();
+            }
+        }
+        1 => {
+            if let Ok((_, path)) = crate::log::export::parse_address(&String::from_utf8_lossy(rest))
+            {
+                assert!(path.starts_with('/'), "{path}");
+            }
+        }
+        _ => {
+            let Ok(mounts) = serde_json::from_slice(rest) else {
+                return;
+            };
+            if let Ok(Some(request)) = crate::platform::volumes::Request::parse(Some(mounts), None)
+            {
+                for point in request.mount_points() {
+                    assert!(point.starts_with('/') && !point.ends_with('/'), "{point}");
+                    assert!(
+                        point[1..]
+                            .split('/')
+                            .all(|c| !c.is_empty() && c != "." && c != ".."),
+                        "{point}"
+                    );
+                }
+            }
+        }
+    }
+}

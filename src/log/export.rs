@@ -251,7 +251,7 @@ fn identity(instance_id: &str, env_id: &str) -> String {
 
 /// `http://<IP>[:port][/path]` (IPv6 in brackets) into the socket address (port 80 by
 /// default) and the path (`/` by default). Only `http`, and only an IP address: see the module.
-fn parse_address(address: &str) -> Result<(SocketAddr, String), String> {
+pub(crate) fn parse_address(address: &str) -> Result<(SocketAddr, String), String> {
     let rest = address
         .strip_prefix("http://")
         .ok_or("only http:// addresses are supported")?;

@@ -94,6 +94,12 @@ pub fn should_remount(mounted_for: Option<&str>, requested: &str) -> bool {
 }
 
 impl Request {
+    /// The mount points, as normalised (for the fuzz target's invariants).
+    #[cfg(feature = "fuzzing")]
+    pub fn mount_points(&self) -> Vec<&str> {
+        self.volumes.iter().map(|(path, _)| path.as_str()).collect()
+    }
+
     /// Checks `volumeMounts` (absent or `null`: nothing to do) and normalises each path.
     pub fn parse(
         mounts: Option<Vec<VolumeMount>>,
