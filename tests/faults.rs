@@ -137,6 +137,10 @@ fn hostile_content_length_on_every_route_and_method() {
                         assert!(!home.join("hostile.bin").exists());
                         assert!(temporaries(&home).is_empty(), "{:?}", temporaries(&home));
                     }
+                    ("/upgrade", "POST") => {
+                        // Refused from the head: no /init was made.
+                        assert_eq!(reply.status, 409, "{what}: {}", reply.text());
+                    }
                     other => panic!("no expectation for {other:?}"),
                 }
                 assert_serves(&daemon);
