@@ -20,13 +20,18 @@
 //! 3. `oom_score_adj` 100 (best effort), as envd gives its children: a daemon protected from
 //!    the OOM killer must not pass that protection to user code. Before dropping privileges,
 //!    since a non-root process may find its own `/proc/self` files owned by root.
-//! 4. The open-file limit the daemon was started with (it raised its own soft limit), while
+//! 4. A normal CPU and I/O priority (best effort): nice 0 and I/O class best-effort at level 4,
+//!    envd's `nice`/`ionice -c 2 -n 4` wrapper without the shell. The daemon may run at
+//!    `Nice=-20` with realtime I/O (E2B's unit), and a worker that forks may have lowered its own
+//!    thread's priority; neither reaches user code. A failure (a daemon started above nice 0
+//!    without `CAP_SYS_NICE` cannot go back to 0) leaves the inherited value, as envd's `nice`.
+//! 5. The open-file limit the daemon was started with (it raised its own soft limit), while
 //!    setting a hard limit is still allowed.
-//! 5. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
+//! 6. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
 //!    `setresuid`, as raw system calls (libc's wrappers broadcast to every thread, which in a
 //!    forked child is at best pointless).
-//! 6. `chdir` to the working directory, as the user: a directory they may not enter fails.
-//! 7. Signals, last: every disposition back to its default (an ignored one survives `exec`: a
+//! 7. `chdir` to the working directory, as the user: a directory they may not enter fails.
+//! 8. Signals, last: every disposition back to its default (an ignored one survives `exec`: a
 //!    daemon started under `nohup`, or with `SIGPIPE` ignored, must not pass that on), then an
 //!    empty mask (the daemon blocks `SIGTERM`, `SIGINT` and `SIGCHLD` in every thread to
 //!    `sigwait` them, and a mask survives `fork` and `exec`). Raw system calls again: musl's
@@ -89,6 +94,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
             }
         }
         raise_oom_score();
+        normal_priority();
         if let Some(limit) = &open_files {
             set_open_files(limit)?;
         }
@@ -102,7 +108,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         reset_signals()
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // raw system calls (setsid, ioctl, open, write, close, prlimit64, setgroups, setresgid,
+    // raw system calls (setsid, ioctl, open, write, close, setpriority, ioprio_set, prlimit64, setgroups, setresgid,
     // setresuid, chdir, rt_sigaction, rt_sigprocmask) on data captured before the fork; it
     // allocates nothing, takes no lock and touches no state shared with other threads of the
     // parent.
@@ -132,6 +138,28 @@ fn raise_oom_score() {
             );
             libc::close(fd);
         }
+    }
+}
+
+/// `IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 4)`: class 2 in the bits above 13, level 4 (envd's
+/// `ionice -c 2 -n 4`).
+const IOPRIO_BEST_EFFORT_4: libc::c_long = (2 << 13) | 4;
+/// `IOPRIO_WHO_PROCESS`: `ioprio_set`'s `who` is a process id (0: the caller).
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+
+/// Nice 0 and I/O priority best-effort 4 for this (forked) process; best effort, failures
+/// ignored (see the module's step 4).
+fn normal_priority() {
+    // SAFETY: setpriority and ioprio_set take plain integers and touch no memory of ours; raw
+    // system calls, so nothing of libc's runs in the forked child. Results ignored on purpose.
+    unsafe {
+        libc::syscall(libc::SYS_setpriority, libc::PRIO_PROCESS, 0, 0);
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_BEST_EFFORT_4,
+        );
     }
 }
 
