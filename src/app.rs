@@ -21,6 +21,7 @@ use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
 use crate::mmds::Mmds;
+use crate::platform::cgroups::Cgroups;
 use crate::platform::init_files::SystemFiles;
 use crate::stats::{Metrics, Sampler};
 
@@ -45,6 +46,8 @@ pub struct App {
     pub mmds: Option<Arc<Mmds>>,
     /// `None` when /proc could not be opened; retried on the next `/metrics`.
     sampler: Mutex<Option<Sampler>>,
+    /// The process cgroups and their freezer (`platform::cgroups`).
+    pub cgroups: Arc<Cgroups>,
 }
 
 #[derive(Debug, Clone)]
@@ -75,6 +78,7 @@ impl App {
                 .mmds_address
                 .map(|address| Arc::new(Mmds::new(address, config.system_root.clone()))),
             sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
+            cgroups: Arc::new(Cgroups::setup(&config)),
             config,
         }
     }

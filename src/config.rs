@@ -14,13 +14,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use envd::{EnvdFlags, COMMIT};
-pub use options::{ACCESS_TOKEN, ACCESS_TOKEN_FILE};
+pub use options::{ProcessCgroups, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, MMDS_ADDRESS, OPTIONS,
-    PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
+    FSFREEZE_PATH, FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN,
+    MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROCESS_CGROUPS, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT,
+    THAW_WATCHDOG, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +48,12 @@ pub struct Config {
     pub mmds_address: Option<SocketAddr>,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
+    /// `--process-cgroups` (envd's `-cgroup-root`; `-no-cgroups` is `Off`).
+    pub process_cgroups: ProcessCgroups,
+    /// `--fsfreeze-path`: a path on the filesystem `/fsfreeze` freezes.
+    pub fsfreeze_path: PathBuf,
+    /// `--thaw-watchdog`: how long a freeze nobody ends lasts.
+    pub thaw_watchdog: Duration,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -147,6 +154,13 @@ fn parse_serve(
         system_root: given.read(&SYSTEM_ROOT)?,
         mmds_address,
         fs_as_user: given.read(&FS_AS_USER)?,
+        process_cgroups: if envd.no_cgroups {
+            ProcessCgroups::Off
+        } else {
+            given.read(&PROCESS_CGROUPS)?
+        },
+        fsfreeze_path: given.read(&FSFREEZE_PATH)?,
+        thaw_watchdog: given.read(&THAW_WATCHDOG)?,
         envd,
     })
 }

@@ -22,6 +22,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
     ("/files", "GET, HEAD, POST"),
+    ("/freeze", "POST"),
+    ("/unfreeze", "POST"),
 ];
 
 pub struct Router {
@@ -85,6 +87,8 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             respond(api::metrics::get(app)?)
         }
         ("/files/compose", "POST") => api::compose::begin(app, head),
+        ("/freeze", "POST") => respond(api::freeze::post_freeze(app, head)?),
+        ("/unfreeze", "POST") => respond(api::freeze::post_unfreeze(app, head)?),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
         ("/files", "POST") => api::upload::begin(app, head),
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {

@@ -8,6 +8,7 @@ pub mod cors;
 pub mod download;
 pub mod envs;
 pub mod filesystem;
+pub mod freeze;
 pub mod health;
 pub mod init;
 mod init_token;

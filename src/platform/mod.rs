@@ -7,9 +7,13 @@
 //! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
+//! - [`cgroups`]: the started processes' cgroups, `/freeze` and `/unfreeze`.
+//! - [`watchdog`]: the backstop that thaws a freeze nobody ended.
 
 pub mod atomic_file;
 pub mod ca_bundle;
+pub mod cgroups;
 pub mod clock;
 pub mod hosts;
 pub mod init_files;
+pub mod watchdog;

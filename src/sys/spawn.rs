@@ -39,6 +39,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -64,6 +65,9 @@ pub struct ChildSetup {
     pub controlling_terminal: bool,
     /// The `RLIMIT_NOFILE` (soft, hard) to give the child; `None`: the daemon's own.
     pub open_files: Option<(u64, u64)>,
+    /// An open `cgroup.procs` the child writes itself to first; `None`: the daemon's group.
+    /// The caller keeps it open until the spawn returns.
+    pub cgroup_procs: Option<RawFd>,
 }
 
 const OOM_SCORE_ADJ: &[u8] = b"/proc/self/oom_score_adj\0";
@@ -80,7 +84,11 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
     });
     let terminal = setup.controlling_terminal;
     let open_files = setup.open_files.map(|(soft, hard)| [soft, hard]);
+    let cgroup_procs = setup.cgroup_procs;
     let hook = move || -> io::Result<()> {
+        if let Some(fd) = cgroup_procs {
+            join_cgroup(fd);
+        }
         // SAFETY: setsid takes no arguments and only changes this (single-threaded, forked)
         // process's session.
         if unsafe { libc::setsid() } == -1 {
@@ -108,7 +116,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         reset_signals()
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // raw system calls (setsid, ioctl, open, write, close, setpriority, ioprio_set, prlimit64, setgroups, setresgid,
+    // raw system calls (write to cgroup.procs, setsid, ioctl, open, write, close, setpriority, ioprio_set, prlimit64, setgroups, setresgid,
     // setresuid, chdir, rt_sigaction, rt_sigprocmask) on data captured before the fork; it
     // allocates nothing, takes no lock and touches no state shared with other threads of the
     // parent.
@@ -116,6 +124,17 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         command.pre_exec(hook);
     }
     Ok(())
+}
+
+/// Writes `0` (the writer itself) to the open `cgroup.procs` `fd`: the child moves into that
+/// group before anything of the user's runs. Best effort: a failure (the group removed, a
+/// migration the kernel refuses) leaves it in the daemon's group, never a failed command.
+fn join_cgroup(fd: RawFd) {
+    // SAFETY: `fd` is a descriptor the caller keeps open across the spawn; the buffer is a
+    // static byte string of the given length. The result is ignored on purpose (best effort).
+    unsafe {
+        libc::write(fd, b"0".as_ptr().cast::<libc::c_void>(), 1);
+    }
 }
 
 /// Best effort: a failure (no /proc) leaves the inherited score.
@@ -275,6 +294,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();
@@ -297,6 +317,7 @@ mod tests {
             cwd: "/nonexistent/dir".into(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let error = command.spawn().unwrap_err();
@@ -343,6 +364,7 @@ mod tests {
             cwd: "/".into(),
             controlling_terminal: false,
             open_files: Some((77, 99)),
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output();
@@ -377,6 +399,7 @@ mod tests {
             cwd: "/".into(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();

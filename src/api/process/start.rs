@@ -20,9 +20,10 @@ use super::stream::ProcessStream;
 use super::{hub, proc_error, spawn_code};
 use crate::api::rpc::{api_error, failed};
 use crate::app::App;
-use crate::connect::{Call, Error};
+use crate::connect::{Call, Code, Error};
 use crate::fs::users;
 use crate::http::Response;
+use crate::platform::cgroups::Group;
 use crate::proc::{Attached, Config, Hub, ProcError, Spec};
 use crate::sys::pty::WindowSize;
 use crate::sys::spawn::Credentials;
@@ -87,6 +88,19 @@ fn start_process(
         terminal,
         stdin: request.stdin.unwrap_or(true),
         tag: request.tag,
+        cgroup: None,
+    };
+    let group = Group::of_start(spec.tag.as_deref(), spec.terminal.is_some());
+    let placement = app.cgroups.placement(group).map_err(|_| {
+        Error::new(
+            Code::Unavailable,
+            "the sandbox's processes are frozen (POST /freeze): a process can start once \
+             /unfreeze or /init thaws them",
+        )
+    })?;
+    let spec = Spec {
+        cgroup: placement.procs.clone(),
+        ..spec
     };
     let (mut stream, response) = ProcessStream::open(call, keepalive);
     hub()?
@@ -106,6 +120,8 @@ fn start_process(
             ),
             other => proc_error(other, "error starting process"),
         })?;
+    // Held across the spawn: a freeze waits for it (`platform::cgroups::freeze`).
+    drop(placement);
     Ok(response)
 }
 
