@@ -22,6 +22,7 @@ use crate::http::query::Query;
 use crate::http::Head;
 use crate::mmds::Mmds;
 use crate::platform::cgroups::Cgroups;
+use crate::platform::fsfreeze::FsFreeze;
 use crate::platform::init_files::SystemFiles;
 use crate::stats::{Metrics, Sampler};
 
@@ -48,6 +49,8 @@ pub struct App {
     sampler: Mutex<Option<Sampler>>,
     /// The process cgroups and their freezer (`platform::cgroups`).
     pub cgroups: Arc<Cgroups>,
+    /// `/fsfreeze`'s filesystem and the gate of the daemon's writers (`platform::fsfreeze`).
+    pub fsfreeze: Arc<FsFreeze>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +82,10 @@ impl App {
                 .map(|address| Arc::new(Mmds::new(address, config.system_root.clone()))),
             sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
             cgroups: Arc::new(Cgroups::setup(&config)),
+            fsfreeze: Arc::new(FsFreeze::new(
+                config.fsfreeze_path.clone(),
+                config.thaw_watchdog,
+            )),
             config,
         }
     }

@@ -65,6 +65,9 @@ mod routes;
 // Issue 25: /freeze and /unfreeze on a cgroup subtree the test makes: busy loops, /init and
 // the watchdog thaw, hierarchy mode.
 mod freeze;
+// Issue 25: /fsfreeze and /fsthaw on a loop-mounted ext4 image the test makes: writes refused
+// while frozen, /health answers, the watchdog thaws.
+mod fsfreeze;
 // POST /files: raw, chunked and multipart bodies, 100-continue, ownership, errors, kills.
 mod upload;
 // Content-Encoding: gzip uploads.

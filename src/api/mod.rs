@@ -9,6 +9,7 @@ pub mod download;
 pub mod envs;
 pub mod filesystem;
 pub mod freeze;
+pub mod fsfreeze;
 pub mod health;
 pub mod init;
 mod init_token;

@@ -8,12 +8,14 @@
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 //! - [`cgroups`]: the started processes' cgroups, `/freeze` and `/unfreeze`.
+//! - [`fsfreeze`]: `/fsfreeze` and `/fsthaw`, and the gate of the daemon's file writers.
 //! - [`watchdog`]: the backstop that thaws a freeze nobody ended.
 
 pub mod atomic_file;
 pub mod ca_bundle;
 pub mod cgroups;
 pub mod clock;
+pub mod fsfreeze;
 pub mod hosts;
 pub mod init_files;
 pub mod watchdog;

@@ -11,6 +11,7 @@ pub mod creds;
 pub mod dir;
 pub mod env;
 pub mod file;
+pub mod fsfreeze;
 pub mod inotify;
 pub mod poll;
 pub mod priority;
