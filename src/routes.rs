@@ -26,6 +26,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/unfreeze", "POST"),
     ("/fsfreeze", "POST"),
     ("/fsthaw", "POST"),
+    ("/collapse", "POST"),
 ];
 
 pub struct Router {
@@ -93,6 +94,7 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         ("/unfreeze", "POST") => respond(api::freeze::post_unfreeze(app, head)?),
         ("/fsfreeze", "POST") => respond(api::fsfreeze::post_fsfreeze(app, head)?),
         ("/fsthaw", "POST") => respond(api::fsfreeze::post_fsthaw(app, head)?),
+        ("/collapse", "POST") => respond(api::collapse::post(app, head)?),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
         ("/files", "POST") => api::fsfreeze::gated(app, head, api::upload::begin),
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {

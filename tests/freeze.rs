@@ -1,6 +1,7 @@
 //! Issue 25's `/freeze` and `/unfreeze` on a cgroup v2 subtree the test makes and removes: a
 //! started busy loop stops using CPU while frozen and goes on after; `/init` and the watchdog
-//! thaw; the hierarchy mode and the guest's own freezes; what answers while frozen.
+//! thaw; the hierarchy mode and the guest's own freezes; what answers while frozen. And
+//! `/collapse`, the other step of a pause.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -188,4 +189,43 @@ fn hierarchy_freezes_the_guests_groups_too_and_leaves_the_guests_own_freezes() {
     assert_eq!(daemon.call("POST", "/unfreeze", b"").status, 204);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `/collapse`: envd's fields, every window accounted for; on a kernel without
+/// `MADV_COLLAPSE` the answer says so instead of counting failures.
+#[test]
+fn collapse_answers_envds_fields_and_whether_the_kernel_can() {
+    let daemon = crate::common::start();
+    let reply = daemon.call("POST", "/collapse", b"");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("cache-control"), Some("no-store"));
+    let result = reply.json();
+    let count = |name: &str| {
+        result[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {result}"))
+    };
+    assert!(count("regions") > 0, "{result}");
+    assert!(count("elapsedMs") < 60_000);
+    match result["supported"].as_bool() {
+        Some(true) => {
+            assert_eq!(
+                count("collapsed") + count("alreadyHuge") + count("skipped"),
+                count("chunks"),
+                "{result}"
+            );
+            assert!(result.get("message").is_none(), "{result}");
+        }
+        Some(false) => {
+            assert_eq!(count("chunks"), 0, "{result}");
+            assert_eq!(
+                result["message"],
+                "this kernel has no MADV_COLLAPSE (Linux 6.1 or later with transparent \
+                 hugepages): nothing was collapsed"
+            );
+        }
+        None => panic!("no supported: {result}"),
+    }
+    let reply = daemon.call_with("POST", "/collapse", &[], b"");
+    assert_eq!(reply.status, 401);
 }

@@ -2,6 +2,7 @@
 //! errors of `fs` and `auth` become `ApiError`s through `?`, by the one mapping in `status`.
 
 pub mod as_user;
+pub mod collapse;
 pub mod compose;
 pub mod connect_stub;
 pub mod cors;

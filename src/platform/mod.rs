@@ -9,12 +9,14 @@
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 //! - [`cgroups`]: the started processes' cgroups, `/freeze` and `/unfreeze`.
 //! - [`fsfreeze`]: `/fsfreeze` and `/fsthaw`, and the gate of the daemon's file writers.
+//! - [`collapse`]: `/collapse`, the daemon's heap into transparent hugepages.
 //! - [`watchdog`]: the backstop that thaws a freeze nobody ended.
 
 pub mod atomic_file;
 pub mod ca_bundle;
 pub mod cgroups;
 pub mod clock;
+pub mod collapse;
 pub mod fsfreeze;
 pub mod hosts;
 pub mod init_files;

@@ -13,6 +13,7 @@ pub mod env;
 pub mod file;
 pub mod fsfreeze;
 pub mod inotify;
+pub mod madvise;
 pub mod poll;
 pub mod priority;
 pub mod process;
