@@ -19,21 +19,5 @@ pub fn post(app: &App, head: &Head) -> Result<Response, ApiError> {
         },
         crate::sys::madvise::collapse_supported(),
     );
-    crate::log::line(format_args!(
-        "collapse: {} regions, {} chunks, {} collapsed, {} already huge, {} skipped in {} ms{}",
-        result.regions,
-        result.chunks,
-        result.collapsed,
-        result.already_huge,
-        result.skipped,
-        result.elapsed_ms,
-        if result.supported {
-            ""
-        } else {
-            " (no MADV_COLLAPSE)"
-        }
-    ));
-    let body = serde_json::to_vec(&result)
-        .map_err(|e| ApiError::internal(format!("error encoding the collapse result: {e}")))?;
-    Ok(Response::json(200, body).with_header("Cache-Control", "no-store"))
+    Ok(Response::json(200, result.to_json().into_bytes()).with_header("Cache-Control", "no-store"))
 }

@@ -49,9 +49,7 @@ pub fn post_freeze(app: &App, head: &Head) -> Result<Response, ApiError> {
     if options.max_wait.is_zero() {
         return Ok(Response::empty(204).with_header("Cache-Control", "no-store"));
     }
-    let body = serde_json::to_vec(&result)
-        .map_err(|e| ApiError::internal(format!("error encoding the freeze result: {e}")))?;
-    Ok(Response::json(200, body).with_header("Cache-Control", "no-store"))
+    Ok(Response::json(200, result.to_json().into_bytes()).with_header("Cache-Control", "no-store"))
 }
 
 pub fn post_unfreeze(app: &App, head: &Head) -> Result<Response, ApiError> {

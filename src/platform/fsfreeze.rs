@@ -16,7 +16,6 @@
 //! waits for it (as envd's, so a rollback is never lost to contention).
 
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, TryLockError, Weak};
 use std::time::Duration;
 
@@ -38,8 +37,6 @@ pub struct FsFreeze {
     /// True from just before `FIFREEZE` until `FITHAW` succeeded.
     gate: RwLock<bool>,
     watchdog: Arc<Watchdog>,
-    /// Where refused writers' leftovers go to be dropped (started on first use).
-    dropper: Mutex<Option<Sender<Box<dyn Send>>>>,
 }
 
 impl FsFreeze {
@@ -49,7 +46,6 @@ impl FsFreeze {
             lock: Mutex::new(()),
             gate: RwLock::new(false),
             watchdog: Watchdog::new(thaw_after),
-            dropper: Mutex::new(None),
         }
     }
 
@@ -71,7 +67,7 @@ impl FsFreeze {
         }
         let weak = Arc::downgrade(self);
         self.watchdog
-            .arm(move |generation| watchdog_thaw(&weak, generation));
+            .arm(Box::new(move |generation| watchdog_thaw(&weak, generation)));
         Ok(())
     }
 
@@ -95,27 +91,15 @@ impl FsFreeze {
         (!*gate).then_some(gate)
     }
 
-    /// Drops `leftover` on a thread of its own (its drop may write to the frozen filesystem
-    /// and sleep until the thaw); inline if that thread cannot be started.
+    /// Drops `leftover` on a thread of its own, which may sleep until the thaw (its drop may
+    /// write to the frozen filesystem); inline if no thread can be started. Only uploads under
+    /// way when the freeze began get here (later ones are refused before they open anything),
+    /// so the threads are at most the connections that were uploading then.
     pub fn defer_drop(&self, leftover: Box<dyn Send>) {
-        let mut dropper = self.dropper.lock().unwrap_or_else(|e| e.into_inner());
-        if dropper.is_none() {
-            let (tx, rx) = mpsc::channel::<Box<dyn Send>>();
-            let started = std::thread::Builder::new()
-                .name("sandboxd-fsfreeze-drop".into())
-                .spawn(move || rx.into_iter().for_each(drop));
-            if started.is_ok() {
-                *dropper = Some(tx);
-            }
-        }
-        match dropper.as_ref() {
-            Some(tx) => {
-                if let Err(unsent) = tx.send(leftover) {
-                    drop(unsent.0);
-                }
-            }
-            None => drop(leftover),
-        }
+        // A thread that cannot start drops its closure, and `leftover` with it, here.
+        let _ = std::thread::Builder::new()
+            .name("sandboxd-fsfreeze-drop".into())
+            .spawn(move || drop(leftover));
     }
 }
 
@@ -162,8 +146,8 @@ mod tests {
         assert!(fs.writing().is_some());
         *fs.gate.write().unwrap() = true;
         assert!(fs.writing().is_none());
-        let (tx, rx) = mpsc::channel();
-        struct Tell(mpsc::Sender<()>);
+        let (tx, rx) = std::sync::mpsc::channel();
+        struct Tell(std::sync::mpsc::Sender<()>);
         impl Drop for Tell {
             fn drop(&mut self) {
                 let _ = self.0.send(());

@@ -30,7 +30,7 @@ impl Watchdog {
 
     /// (Re)starts the timer; `fire(generation)` runs on the timer's thread when it expires.
     /// A thread that cannot be started leaves the freeze without its backstop (logged).
-    pub fn arm(self: &Arc<Self>, fire: impl FnOnce(u64) + Send + 'static) {
+    pub fn arm(self: &Arc<Self>, fire: Box<dyn FnOnce(u64) + Send>) {
         let mine = self.bump();
         let me = Arc::clone(self);
         let spawned = std::thread::Builder::new()
@@ -93,13 +93,19 @@ mod tests {
         let watchdog = Watchdog::new(Duration::from_millis(20));
         let (tx, rx) = mpsc::channel();
         let first = tx.clone();
-        watchdog.arm(move |generation| first.send(("first", generation)).unwrap());
+        watchdog.arm(Box::new(move |generation| {
+            first.send(("first", generation)).unwrap()
+        }));
         let second = tx.clone();
-        watchdog.arm(move |generation| second.send(("second", generation)).unwrap());
+        watchdog.arm(Box::new(move |generation| {
+            second.send(("second", generation)).unwrap()
+        }));
         let (which, generation) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(which, "second", "the first arming was superseded");
         assert!(watchdog.is_current(generation));
-        watchdog.arm(move |generation| tx.send(("third", generation)).unwrap());
+        watchdog.arm(Box::new(move |generation| {
+            tx.send(("third", generation)).unwrap()
+        }));
         watchdog.disarm();
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
     }

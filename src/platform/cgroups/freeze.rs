@@ -22,15 +22,12 @@
 //!   (`unavailable`): envd's child would freeze before `exec` and its `Start` would hang until
 //!   the thaw, holding a worker here. A `Start` in progress finishes before the sweep begins.
 
-use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
-
-use serde::Serialize;
 
 use super::{events, write_property, Cgroups, Group, Groups};
 use crate::platform::watchdog::Watchdog;
@@ -66,9 +63,8 @@ pub struct Options {
     pub max_cgroups: usize,
 }
 
-/// envd's `FreezeResult`, as its OpenAPI names the fields.
-#[derive(Debug, Default, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+/// envd's `FreezeResult`; [`FreezeResult::to_json`] names the fields as its OpenAPI does.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct FreezeResult {
     pub mode: &'static str,
     pub visited: usize,
@@ -82,6 +78,29 @@ pub struct FreezeResult {
     pub unobservable: usize,
     pub sweep_ms: u64,
     pub wait_ms: u64,
+}
+
+impl FreezeResult {
+    /// The JSON answer (written by hand: a derive costs the binary more than this).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"mode\":\"{}\",\"visited\":{},\"allowlisted\":{},\"truncated\":{},\
+             \"preFrozen\":{},\"requested\":{},\"frozen\":{},\"notFrozen\":{},\"failed\":{},\
+             \"unobservable\":{},\"sweepMs\":{},\"waitMs\":{}}}",
+            self.mode,
+            self.visited,
+            self.allowlisted,
+            self.truncated,
+            self.pre_frozen,
+            self.requested,
+            self.frozen,
+            self.not_frozen,
+            self.failed,
+            self.unobservable,
+            self.sweep_ms,
+            self.wait_ms
+        )
+    }
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -110,8 +129,8 @@ pub struct Freezer {
 struct State {
     /// A freeze of ours is in effect.
     active: bool,
-    /// What the guest had frozen before it.
-    guest_frozen: HashSet<PathBuf>,
+    /// What the guest had frozen before it (a few paths: a list).
+    guest_frozen: Vec<PathBuf>,
 }
 
 impl Freezer {
@@ -174,7 +193,7 @@ impl Cgroups {
             let (found, truncated) = walk(&groups.root, THAW_MAX_CGROUPS, |dir| {
                 read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
             });
-            state.guest_frozen = found.into_iter().collect();
+            state.guest_frozen = found;
             result.truncated |= truncated;
         }
         result.pre_frozen = state.guest_frozen.len();
@@ -202,7 +221,7 @@ impl Cgroups {
             let weak = Arc::downgrade(self);
             self.freezer
                 .watchdog
-                .arm(move |generation| watchdog_thaw(&weak, generation));
+                .arm(Box::new(move |generation| watchdog_thaw(&weak, generation)));
         }
         if !options.max_wait.is_zero() {
             let wait_start = Instant::now();
@@ -287,8 +306,10 @@ fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> 
     };
     let socats = groups.path(Group::Socats);
     let mut targets = Vec::new();
-    let mut queue = VecDeque::from([groups.root.clone()]);
-    while let Some(dir) = queue.pop_front() {
+    let mut queue = vec![groups.root.clone()];
+    let mut next = 0;
+    while let Some(dir) = queue.get(next).cloned() {
+        next += 1;
         for child in subdirectories(&dir) {
             if result.visited >= max {
                 result.truncated = true;
@@ -302,7 +323,7 @@ fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> 
                 .as_ref()
                 .is_some_and(|own| own.starts_with(&child))
             {
-                queue.push_back(child);
+                queue.push(child);
             } else {
                 targets.push(child);
             }
@@ -315,35 +336,35 @@ fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> 
 /// whether the bound stopped the walk.
 fn walk(root: &Path, max: usize, pick: impl Fn(&Path) -> bool) -> (Vec<PathBuf>, bool) {
     let mut picked = Vec::new();
-    let mut visited = 0;
-    let mut queue = VecDeque::from([root.to_path_buf()]);
-    while let Some(dir) = queue.pop_front() {
+    let mut queue = vec![root.to_path_buf()];
+    let mut next = 0;
+    while let Some(dir) = queue.get(next).cloned() {
+        next += 1;
         for child in subdirectories(&dir) {
-            if visited >= max {
+            // `queue` holds the root and every cgroup visited.
+            if queue.len() > max {
                 return (picked, true);
             }
-            visited += 1;
             if pick(&child) {
                 picked.push(child.clone());
             }
-            queue.push_back(child);
+            queue.push(child);
         }
     }
     (picked, false)
 }
 
-/// The child cgroups of `dir` (cgroupfs has no symlinks; a vanished one lists nothing).
+/// The child cgroups of `dir`, in the directory's order (cgroupfs has no symlinks; a
+/// vanished one lists nothing).
 fn subdirectories(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
-    let mut dirs: Vec<PathBuf> = entries
+    entries
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
-        .collect();
-    dirs.sort();
-    dirs
+        .collect()
 }
 
 /// Reads each written group's `cgroup.events` until all say frozen or `budget` passes.
@@ -423,6 +444,11 @@ mod tests {
             max_cgroups: 0,
         };
         let result = cgroups.freeze(&options).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&result.to_json()).unwrap();
+        assert_eq!(json["mode"], "legacy");
+        assert_eq!(json["unobservable"], 2);
+        assert_eq!(json["truncated"], false);
+        assert_eq!(json.as_object().unwrap().len(), 12);
         assert_eq!(
             result,
             FreezeResult {
