@@ -16,6 +16,11 @@
 BENCH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SANDBOXD_BIN=${SANDBOXD_BIN:-$BENCH_ROOT/target/x86_64-unknown-linux-musl/release/sandboxd}
 BENCH_TMP=$(mktemp -d "${TMPDIR:-/tmp}/sandboxd-bench.XXXXXX")
+# Every daemon a script starts: no cgroups made beside the machine's own (the default is the
+# daemon's own cgroup v2 directory) and no /fsfreeze of a real filesystem (the default is /).
+# A script that means either passes the flag, which wins.
+export SANDBOXD_PROCESS_CGROUPS=${SANDBOXD_PROCESS_CGROUPS:-off}
+export SANDBOXD_FSFREEZE_PATH=${SANDBOXD_FSFREEZE_PATH:-$BENCH_TMP/no-fsfreeze}
 BENCH_PIDS=()
 BENCH_CLEANUP=()
 
@@ -95,7 +100,6 @@ wait_ready() {
 # start_sandboxd [LOG] [ARGS...] : starts sandboxd on a free 127.0.0.1 port with a fresh random
 # token (in the environment, as in production) and waits for /health 204. Its stderr (one line
 # per request) goes to LOG, /dev/null by default, so logging costs no disk I/O in a benchmark.
-# Process cgroups are off and /fsfreeze points nowhere unless ARGS say otherwise.
 # Sets SANDBOXD_PID, SANDBOXD_PORT, SANDBOXD_TOKEN. --drain-timeout 2 keeps the cleanup short.
 start_sandboxd() {
     local log=${1:-/dev/null}
@@ -104,9 +108,6 @@ start_sandboxd() {
     SANDBOXD_TOKEN=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')
     for _ in 1 2 3 4 5; do
         SANDBOXD_PORT=$(free_port)
-        # No cgroups made beside the machine's own and no /fsfreeze of a real filesystem
-        # unless a benchmark asks (its flags win over these variables).
-        SANDBOXD_PROCESS_CGROUPS=off SANDBOXD_FSFREEZE_PATH=$BENCH_TMP/no-fsfreeze \
         SANDBOXD_ACCESS_TOKEN=$SANDBOXD_TOKEN "$SANDBOXD_BIN" --listen "127.0.0.1:$SANDBOXD_PORT" \
             --drain-timeout 2 "$@" 2>"$log" &
         SANDBOXD_PID=$!
