@@ -229,3 +229,23 @@ fn collapse_answers_envds_fields_and_whether_the_kernel_can() {
     let reply = daemon.call_with("POST", "/collapse", &[], b"");
     assert_eq!(reply.status, 401);
 }
+
+/// With no /freeze of this daemon's in effect, /init thaws only its own two groups (frozen by
+/// an earlier daemon, say), never a cgroup something else froze.
+#[test]
+fn init_without_a_freeze_thaws_only_the_daemons_own_groups() {
+    let Some(cgroup) = TestCgroup::make() else {
+        return;
+    };
+    let daemon = daemon_in(&cgroup, &[]);
+    let other = cgroup.child("other");
+    std::fs::create_dir(&other).unwrap();
+    for dir in [other.clone(), cgroup.child("user")] {
+        std::fs::write(dir.join("cgroup.freeze"), "1").unwrap();
+    }
+    eventually(|| frozen(&other) && frozen(&cgroup.child("user")), "frozen");
+    let reply = daemon.call("POST", "/init", b"{}");
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    assert!(!frozen(&cgroup.child("user")), "the daemon's group is thawed");
+    assert!(frozen(&other), "another's freeze is left");
+}

@@ -15,7 +15,9 @@
 //!   until it says `frozen 1`; between reads the freezer sleeps in `poll(POLLPRI)`, which the
 //!   kernel wakes when the file changes (envd polls every 2 ms), at most 10 ms at a time.
 //! - **Thaw** (`/unfreeze`, `/init`, the watchdog): every cgroup below the directory whose
-//!   `cgroup.freeze` reads 1, less the guest's, gets 0 (at most 8192 visited).
+//!   `cgroup.freeze` reads 1, less the guest's, gets 0 (at most 8192 visited). With no freeze
+//!   of this daemon's in effect, only `user` and `ptys` are looked at: the directory may be the
+//!   machine's whole hierarchy, where another tool's freeze is none of the daemon's business.
 //! - **Lock.** One freeze or thaw at a time: `/freeze` and `/unfreeze` answer 503 while another
 //!   holds it; `/init` and the watchdog wait for it.
 //! - **Gate.** From the sweep until the thaw, a `Start` into `user` or `ptys` is refused
@@ -257,10 +259,24 @@ impl Cgroups {
     fn thaw_locked(&self, mut state: MutexGuard<'_, State>) -> ThawResult {
         let mut result = ThawResult::default();
         if let Some(groups) = self.groups() {
-            let (frozen, truncated) = walk(&groups.root, THAW_MAX_CGROUPS, |dir| {
+            let requested = |dir: &Path| {
                 read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
-            });
-            result.truncated = truncated;
+            };
+            // Without a freeze of ours in effect (no /freeze since start: an /init, or a
+            // daemon restarted after a freeze), only its own two groups: the directory may be
+            // the machine's whole hierarchy, and what froze the rest is not known.
+            let frozen = if state.active {
+                let (frozen, truncated) = walk(&groups.root, THAW_MAX_CGROUPS, requested);
+                result.truncated = truncated;
+                frozen
+            } else {
+                [Group::User, Group::Ptys]
+                    .iter()
+                    .filter_map(|g| groups.path(*g))
+                    .filter(|dir| requested(dir))
+                    .map(Path::to_path_buf)
+                    .collect()
+            };
             for dir in frozen {
                 if state.guest_frozen.contains(&dir) {
                     continue;
