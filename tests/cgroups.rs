@@ -34,7 +34,8 @@ pub fn daemon_in(cgroup: &TestCgroup, args: &[&str]) -> Daemon {
         .start()
 }
 
-fn kill(pid: u32) {
+/// `SIGKILL` to `pid` (a process the test started through the daemon).
+pub fn kill(pid: u32) {
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cgroups::{daemon_in, start};
+use crate::cgroups::{daemon_in, kill, start};
 use crate::common::cgroup::TestCgroup;
 use crate::common::connect::Stream;
 use crate::common::Daemon;
@@ -43,12 +43,6 @@ fn freeze(daemon: &Daemon, query: &str) -> (u16, Value) {
         reply.json()
     };
     (reply.status, json)
-}
-
-fn kill(pid: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
 }
 
 #[test]
