@@ -240,6 +240,9 @@ fn init_without_a_freeze_thaws_only_the_daemons_own_groups() {
     eventually(|| frozen(&other) && frozen(&cgroup.child("user")), "frozen");
     let reply = daemon.call("POST", "/init", b"{}");
     assert_eq!(reply.status, 204, "{}", reply.text());
-    assert!(!frozen(&cgroup.child("user")), "the daemon's group is thawed");
+    assert!(
+        !frozen(&cgroup.child("user")),
+        "the daemon's group is thawed"
+    );
     assert!(frozen(&other), "another's freeze is left");
 }
