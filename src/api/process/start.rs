@@ -11,6 +11,11 @@
 //! error envd gives when its own start fails: `invalid_argument` `error starting process
 //! '<cmd args>' in '<cwd>' as <user>: <reason>` (the directory and user added: the reason may be
 //! theirs, a directory the user may not enter), at the end of a stream with no event.
+//!
+//! The process joins its cgroup (`platform::cgroups`: `ptys` with a terminal, else `user`, none
+//! for the `_system` tag) before it executes anything; while `/freeze` holds those groups
+//! frozen, a `Start` into them is `unavailable` at once rather than a child that would freeze
+//! before `exec` with its `Start` hanging until the thaw.
 
 use std::sync::Arc;
 use std::time::Duration;
