@@ -95,7 +95,7 @@ fn properties_are_written_where_their_controller_is_and_skipped_ones_are_named()
         assert!(!line.contains("user/cpu.weight"), "{line}");
     } else {
         assert!(
-            line.contains("skipped (controller not enabled there): "),
+            line.contains("skipped (controller not enabled there, or refused): "),
             "{line}"
         );
         assert!(line.contains("user/cpu.weight"), "{line}");

@@ -192,18 +192,13 @@ impl Cgroups {
         *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = true;
         let sweep_start = Instant::now();
         if !state.active {
-            let (found, truncated) = walk(&groups.root, THAW_MAX_CGROUPS, |dir| {
-                read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
-            });
+            let (found, truncated) = frozen_below(&groups.root);
             state.guest_frozen = found;
             result.truncated |= truncated;
         }
         result.pre_frozen = state.guest_frozen.len();
         let targets = match options.mode {
-            Mode::Legacy => [Group::User, Group::Ptys]
-                .iter()
-                .filter_map(|g| groups.path(*g).map(Path::to_path_buf))
-                .collect(),
+            Mode::Legacy => own_groups(groups),
             Mode::Hierarchy => hierarchy_targets(groups, options.max_cgroups, &mut result),
         };
         let mut written = Vec::new();
@@ -259,23 +254,17 @@ impl Cgroups {
     fn thaw_locked(&self, mut state: MutexGuard<'_, State>) -> ThawResult {
         let mut result = ThawResult::default();
         if let Some(groups) = self.groups() {
-            let requested = |dir: &Path| {
-                read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
-            };
             // Without a freeze of ours in effect (no /freeze since start: an /init, or a
             // daemon restarted after a freeze), only its own two groups: the directory may be
             // the machine's whole hierarchy, and what froze the rest is not known.
             let frozen = if state.active {
-                let (frozen, truncated) = walk(&groups.root, THAW_MAX_CGROUPS, requested);
+                let (frozen, truncated) = frozen_below(&groups.root);
                 result.truncated = truncated;
                 frozen
             } else {
-                [Group::User, Group::Ptys]
-                    .iter()
-                    .filter_map(|g| groups.path(*g))
-                    .filter(|dir| requested(dir))
-                    .map(Path::to_path_buf)
-                    .collect()
+                let mut own = own_groups(groups);
+                own.retain(|dir| freeze_requested_at(dir));
+                own
             };
             for dir in frozen {
                 if state.guest_frozen.contains(&dir) {
@@ -321,53 +310,89 @@ fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> 
         n => n.min(THAW_MAX_CGROUPS),
     };
     let socats = groups.path(Group::Socats);
-    let mut targets = Vec::new();
-    let mut queue = vec![groups.root.clone()];
-    let mut next = 0;
-    while let Some(dir) = queue.get(next).cloned() {
-        next += 1;
-        for child in subdirectories(&dir) {
-            if result.visited >= max {
-                result.truncated = true;
-                return targets;
-            }
-            result.visited += 1;
-            if Some(child.as_path()) == socats {
-                result.allowlisted += 1;
-            } else if groups
-                .own
-                .as_ref()
-                .is_some_and(|own| own.starts_with(&child))
-            {
-                queue.push(child);
-            } else {
-                targets.push(child);
-            }
+    let mut allowlisted = 0;
+    let (targets, visited, truncated) = walk(&groups.root, max, &mut |dir| {
+        if Some(dir) == socats {
+            allowlisted += 1;
+            Visit::Skip
+        } else if groups.own.as_ref().is_some_and(|own| own.starts_with(dir)) {
+            Visit::Descend
+        } else {
+            Visit::Pick
         }
-    }
+    });
+    result.allowlisted = allowlisted;
+    result.visited = visited;
+    result.truncated |= truncated;
     targets
 }
 
-/// Every cgroup below `root` (breadth first, at most `max`) for which `pick` holds, and
-/// whether the bound stopped the walk.
-fn walk(root: &Path, max: usize, pick: impl Fn(&Path) -> bool) -> (Vec<PathBuf>, bool) {
+/// What a walk does with a cgroup it visits.
+enum Visit {
+    /// Neither: leave it and what is below.
+    Skip,
+    /// Look below it.
+    Descend,
+    /// Take it, not what is below.
+    Pick,
+    /// Take it and look below.
+    PickAndDescend,
+}
+
+/// The cgroups below `root` that `visit` picks, breadth first, at most `max` visited; how many
+/// were, and whether the bound stopped the walk.
+fn walk(
+    root: &Path,
+    max: usize,
+    visit: &mut dyn FnMut(&Path) -> Visit,
+) -> (Vec<PathBuf>, usize, bool) {
     let mut picked = Vec::new();
     let mut queue = vec![root.to_path_buf()];
-    let mut next = 0;
+    let (mut next, mut visited) = (0, 0);
     while let Some(dir) = queue.get(next).cloned() {
         next += 1;
         for child in subdirectories(&dir) {
-            // `queue` holds the root and every cgroup visited.
-            if queue.len() > max {
-                return (picked, true);
+            if visited >= max {
+                return (picked, visited, true);
             }
-            if pick(&child) {
-                picked.push(child.clone());
+            visited += 1;
+            match visit(&child) {
+                Visit::Skip => {}
+                Visit::Descend => queue.push(child),
+                Visit::Pick => picked.push(child),
+                Visit::PickAndDescend => {
+                    picked.push(child.clone());
+                    queue.push(child);
+                }
             }
-            queue.push(child);
         }
     }
-    (picked, false)
+    (picked, visited, false)
+}
+
+/// Every cgroup below `root` whose own `cgroup.freeze` reads 1 (at most [`THAW_MAX_CGROUPS`]
+/// visited), and whether the bound stopped the walk.
+fn frozen_below(root: &Path) -> (Vec<PathBuf>, bool) {
+    let (frozen, _, truncated) = walk(root, THAW_MAX_CGROUPS, &mut |dir| {
+        if freeze_requested_at(dir) {
+            Visit::PickAndDescend
+        } else {
+            Visit::Descend
+        }
+    });
+    (frozen, truncated)
+}
+
+fn freeze_requested_at(dir: &Path) -> bool {
+    read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
+}
+
+/// `user` and `ptys`.
+fn own_groups(groups: &Groups) -> Vec<PathBuf> {
+    [Group::User, Group::Ptys]
+        .iter()
+        .filter_map(|g| groups.path(*g).map(Path::to_path_buf))
+        .collect()
 }
 
 /// The child cgroups of `dir`, in the directory's order (cgroupfs has no symlinks; a

@@ -137,14 +137,6 @@ impl Cgroups {
     pub fn setup(config: &Config) -> Cgroups {
         let groups = match make(config) {
             Ok(Some((groups, skipped))) => {
-                let skipped = if skipped.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; skipped (controller not enabled there): {}",
-                        skipped.join(", ")
-                    )
-                };
                 crate::log::line(format_args!(
                     "process cgroups in {}: ptys, user, socats{skipped}",
                     groups.root.display()
@@ -176,8 +168,9 @@ impl Cgroups {
     }
 }
 
-/// The groups made and the properties skipped; `None` when off.
-fn make(config: &Config) -> Result<Option<(Groups, Vec<String>)>, String> {
+/// The groups made and the properties skipped (`; skipped ...: a, b`, or empty); `None` when
+/// off.
+fn make(config: &Config) -> Result<Option<(Groups, String)>, String> {
     let own = own_directory(config);
     let root = match &config.process_cgroups {
         ProcessCgroups::Off => return Ok(None),
@@ -188,19 +181,14 @@ fn make(config: &Config) -> Result<Option<(Groups, Vec<String>)>, String> {
     };
     match crate::sys::statfs::fs_type(&root) {
         Ok(CGROUP2_SUPER_MAGIC) => {}
-        Ok(other) => {
-            return Err(format!(
-                "{} is not a cgroup v2 directory (filesystem type {other:#x})",
-                root.display()
-            ))
-        }
+        Ok(_) => return Err(format!("{} is not a cgroup v2 directory", root.display())),
         Err(e) => return Err(format!("{}: {e}", root.display())),
     }
     let mem_total = std::fs::read_to_string(config.proc_root.join("meminfo"))
         .ok()
         .and_then(|text| events::mem_total(&text));
     let mut dirs = Vec::new();
-    let mut skipped = Vec::new();
+    let mut skipped = String::new();
     for group in Group::ALL {
         let path = root.join(group.name());
         match std::fs::create_dir(&path) {
@@ -209,17 +197,14 @@ fn make(config: &Config) -> Result<Option<(Groups, Vec<String>)>, String> {
             Err(e) => return Err(format!("cannot make {}: {e}", path.display())),
         }
         for (name, value) in group.properties(mem_total) {
-            match write_property(&path.join(name), &value) {
-                Ok(()) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
-                    ) =>
-                {
-                    skipped.push(format!("{}/{name}", group.name()));
-                }
-                Err(e) => skipped.push(format!("{}/{name} ({e})", group.name())),
+            if write_property(&path.join(name), &value).is_err() {
+                skipped.push_str(match skipped.is_empty() {
+                    true => "; skipped (controller not enabled there, or refused): ",
+                    false => ", ",
+                });
+                skipped.push_str(group.name());
+                skipped.push('/');
+                skipped.push_str(name);
             }
         }
         let procs = OpenOptions::new()
@@ -249,7 +234,8 @@ fn own_directory(config: &Config) -> Option<PathBuf> {
         read("cgroup").as_deref(),
         read("mountinfo").as_deref(),
         &config.cgroup_root,
-        |p| p.exists(),
+        // The function the sampler passes too: one copy of `detect` in the binary.
+        Path::exists,
     );
     layout.v2.map(|v2| v2.dir)
 }
