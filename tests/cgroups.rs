@@ -1,5 +1,6 @@
-//! Issue 25's process cgroups: placement of piped, terminal and `_system` processes, the
-//! daemon without cgroups. Every cgroup is a subtree the test makes at the top of the
+//! Issue 25's process cgroups: placement of piped, terminal and `_system` processes, envd's
+//! properties where their controller is, the daemon without cgroups, and a group's memory
+//! limit killing a command, not the daemon. Every cgroup is a subtree the test makes at the top of the
 //! machine's cgroup v2 mount and removes (`common::cgroup::TestCgroup`); the daemon is
 //! pointed at it with `--process-cgroups`.
 
