@@ -116,8 +116,8 @@ fn writes_are_refused_while_frozen_health_answers_and_all_succeed_after_the_thaw
     )
     .unwrap();
     stream.flush().unwrap();
-    // It has begun once its file exists unnamed: the daemon answers nothing before the body
-    // ends, so wait for /health to show the request is in (its head was parsed).
+    // Whether the daemon reads its head before the freeze (the rest of its body is then
+    // refused) or after (the upload is refused at once), it is refused and leaves nothing.
     assert_eq!(daemon.get("/health").status, 204);
     let reply = post(&daemon, "/fsfreeze");
     assert_eq!(reply.status, 204, "{}", reply.text());
