@@ -116,9 +116,12 @@ fn writes_are_refused_while_frozen_health_answers_and_all_succeed_after_the_thaw
     )
     .unwrap();
     stream.flush().unwrap();
-    // Whether the daemon reads its head before the freeze (the rest of its body is then
-    // refused) or after (the upload is refused at once), it is refused and leaves nothing.
-    assert_eq!(daemon.get("/health").status, 204);
+    // Under way: its unnamed file is open on the image before the freeze.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while files_in_progress(&daemon, &image.mount) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the upload began");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let reply = post(&daemon, "/fsfreeze");
     assert_eq!(reply.status, 204, "{}", reply.text());
     assert_eq!(reply.header("cache-control"), Some("no-store"));
@@ -155,6 +158,14 @@ fn writes_are_refused_while_frozen_health_answers_and_all_succeed_after_the_thaw
         !image.mount.join("b.txt").exists(),
         "the refused upload left nothing"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while files_in_progress(&daemon, &image.mount) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "its unnamed file was closed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let reply = daemon.call("POST", "/files/compose", compose.to_string().as_bytes());
     assert_eq!(reply.status, 200, "{}", reply.text());
     let reply = unary(&daemon, "filesystem.Filesystem/MakeDir", &[], &mkdir);
