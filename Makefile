@@ -3,6 +3,11 @@ TARGET  := x86_64-unknown-linux-musl
 BIN     := target/$(TARGET)/release/sandboxd
 ADDR    ?= 127.0.0.1:49983
 CARGO   ?= cargo
+# Every daemon a target starts (run, test, bench, soak, sdk-test) makes no cgroups beside the
+# machine's own and freezes no real filesystem unless told: the defaults are the daemon's own
+# cgroup v2 directory and /. A flag, or these variables set by the caller, win.
+export SANDBOXD_PROCESS_CGROUPS ?= off
+export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze
 
 .PHONY: build run test unit integration lint bench fuzz clean sdk-test
 

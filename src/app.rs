@@ -21,6 +21,8 @@ use crate::fs::FsError;
 use crate::http::query::Query;
 use crate::http::Head;
 use crate::mmds::Mmds;
+use crate::platform::cgroups::Cgroups;
+use crate::platform::fsfreeze::FsFreeze;
 use crate::platform::init_files::SystemFiles;
 use crate::platform::volumes::Ledger;
 use crate::stats::{Metrics, Sampler};
@@ -50,6 +52,10 @@ pub struct App {
     pub mmds: Option<Arc<Mmds>>,
     /// `None` when /proc could not be opened; retried on the next `/metrics`.
     sampler: Mutex<Option<Sampler>>,
+    /// The process cgroups and their freezer (`platform::cgroups`).
+    pub cgroups: Arc<Cgroups>,
+    /// `/fsfreeze`'s filesystem and the gate of the daemon's writers (`platform::fsfreeze`).
+    pub fsfreeze: Arc<FsFreeze>,
 }
 
 /// The part of [`App`] that `/init`s change, as a live upgrade carries it.
@@ -95,6 +101,11 @@ impl App {
                 .mmds_address
                 .map(|address| Arc::new(Mmds::new(address, config.system_root.clone()))),
             sampler: Mutex::new(Sampler::new(&config.proc_root, &config.cgroup_root).ok()),
+            cgroups: Arc::new(Cgroups::setup(&config)),
+            fsfreeze: Arc::new(FsFreeze::new(
+                config.fsfreeze_path.clone(),
+                config.thaw_watchdog,
+            )),
             config,
         }
     }

@@ -14,14 +14,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use envd::{EnvdFlags, COMMIT};
-pub use options::{ACCESS_TOKEN, ACCESS_TOKEN_FILE};
+pub use options::{ProcessCgroups, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, LOG_FORMAT,
-    MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, UPGRADE_PATH,
-    WORKERS,
+    FSFREEZE_PATH, FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN,
+    LOG_FORMAT, MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROCESS_CGROUPS, PROC_ROOT, SEND_TIMEOUT,
+    SYSTEM_ROOT, THAW_WATCHDOG, UPGRADE_PATH, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +52,12 @@ pub struct Config {
     pub log_format: crate::log::Format,
     /// `--upgrade-path`: where `/upgrade` puts the new binary.
     pub upgrade_path: PathBuf,
+    /// `--process-cgroups` (envd's `-cgroup-root`; `-no-cgroups` is `Off`).
+    pub process_cgroups: ProcessCgroups,
+    /// `--fsfreeze-path`: a path on the filesystem `/fsfreeze` freezes.
+    pub fsfreeze_path: PathBuf,
+    /// `--thaw-watchdog`: how long a freeze nobody ends lasts.
+    pub thaw_watchdog: Duration,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -154,6 +160,13 @@ fn parse_serve(
         fs_as_user: given.read(&FS_AS_USER)?,
         log_format: given.read(&LOG_FORMAT)?,
         upgrade_path: given.read(&UPGRADE_PATH)?,
+        process_cgroups: if envd.no_cgroups {
+            ProcessCgroups::Off
+        } else {
+            given.read(&PROCESS_CGROUPS)?
+        },
+        fsfreeze_path: given.read(&FSFREEZE_PATH)?,
+        thaw_watchdog: given.read(&THAW_WATCHDOG)?,
         envd,
     })
 }

@@ -54,12 +54,6 @@ pub fn run(config: Config) -> ExitCode {
             "-verbose: accepted for envd's command line; sandboxd always logs to stderr"
         ));
     }
-    if config.envd.no_cgroups {
-        log::line(format_args!(
-            "-no-cgroups: accepted for envd's command line; sandboxd manages no cgroups yet, so \
-             there are none to turn off"
-        ));
-    }
     match process::raise_nofile_limit() {
         Ok(limit) => log::line(format_args!("open-file limit {limit}")),
         Err(e) => log::line(format_args!("cannot raise the open-file limit: {e}")),

@@ -23,6 +23,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
     ("/files", "GET, HEAD, POST"),
+    ("/freeze", "POST"),
+    ("/unfreeze", "POST"),
+    ("/fsfreeze", "POST"),
+    ("/fsthaw", "POST"),
+    ("/collapse", "POST"),
 ];
 
 pub struct Router {
@@ -86,9 +91,14 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             app.require_token(head)?;
             respond(api::metrics::get(app)?)
         }
-        ("/files/compose", "POST") => api::compose::begin(app, head),
+        ("/files/compose", "POST") => api::fsfreeze::gated(app, head, api::compose::begin),
+        ("/freeze", "POST") => respond(api::freeze::post_freeze(app, head)?),
+        ("/unfreeze", "POST") => respond(api::freeze::post_unfreeze(app, head)?),
+        ("/fsfreeze", "POST") => respond(api::fsfreeze::post_fsfreeze(app, head)?),
+        ("/fsthaw", "POST") => respond(api::fsfreeze::post_fsthaw(app, head)?),
+        ("/collapse", "POST") => respond(api::collapse::post(app, head)?),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
-        ("/files", "POST") => api::upload::begin(app, head),
+        ("/files", "POST") => api::fsfreeze::gated(app, head, api::upload::begin),
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {
             let method = service_method(path, api::filesystem::SERVICE).unwrap_or_default();
             Ok(api::filesystem::begin(app, head, method))

@@ -1,5 +1,5 @@
 //! envd's command line (SPEC §1): the binary started as envd's unit file and Makefile start it
-//! (`envd -port N -isnotfc`, `-verbose`, `-no-cgroups`, `-commit`). A daemon named `envd` is
+//! (`envd -port N -isnotfc`, `-verbose`, `-no-cgroups`, `-cgroup-root`, `-commit`). A daemon named `envd` is
 //! only ever started here with `-isnotfc`: nothing contacts a metadata service.
 
 use std::io::{BufRead, BufReader};
@@ -31,6 +31,9 @@ fn envd_command(dir: &std::path::Path) -> Command {
         .env_remove("SANDBOXD_LISTEN")
         .env_remove("SANDBOXD_MMDS_ADDRESS")
         .env_remove("NOTIFY_SOCKET")
+        // No cgroups beside the test runner's (tests/common says why).
+        .env("SANDBOXD_PROCESS_CGROUPS", "off")
+        .env("SANDBOXD_FSFREEZE_PATH", dir.join("no-fsfreeze"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -95,9 +98,10 @@ fn envd_port_n_isnotfc_serves_health() {
 }
 
 #[test]
-fn verbose_and_no_cgroups_are_accepted_and_say_they_change_nothing() {
+fn verbose_is_accepted_and_no_cgroups_turns_the_process_cgroups_off() {
     let daemon = builder()
         .program_name("envd")
+        .env("SANDBOXD_PROCESS_CGROUPS", "/nonexistent")
         .args(&[
             "-isnotfc",
             "-verbose",
@@ -107,21 +111,19 @@ fn verbose_and_no_cgroups_are_accepted_and_say_they_change_nothing() {
         ])
         .start();
     assert_eq!(daemon.get("/health").status, 204);
-    let log = daemon.log_with(|l| l.contains("-no-cgroups: accepted"));
+    let log = daemon.log_with(|l| l.contains("process cgroups off"));
     let has = |text: &str| log.iter().any(|l| l.contains(text));
     assert!(has(
         "-verbose: accepted for envd's command line; sandboxd always logs to stderr"
     ));
     assert!(has(
-        "-no-cgroups: accepted for envd's command line; sandboxd manages no cgroups yet"
+        "process cgroups off: processes run in the daemon's own cgroup"
     ));
-    // Without them, neither line.
-    let daemon = builder().start();
+    // Without -no-cgroups, -cgroup-root is where the groups are made (here: nowhere).
+    let daemon = builder().args(&["-cgroup-root", "/nonexistent"]).start();
     assert_eq!(daemon.get("/health").status, 204);
-    assert!(!daemon
-        .log()
-        .iter()
-        .any(|l| l.contains("-verbose") || l.contains("-no-cgroups")));
+    daemon.log_with(|l| l.contains("process cgroups unavailable (/nonexistent: "));
+    assert!(!daemon.log().iter().any(|l| l.contains("-verbose")));
 }
 
 #[test]

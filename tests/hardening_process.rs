@@ -2,14 +2,16 @@
 //! processes start clean (no blocked or ignored signal, the open-file limit the daemon was
 //! started with), so `SendSignal`, Ctrl-C on a terminal and the daemon's own shutdown end
 //! them; a process whose exit was reaped is never signalled (its pid may be another's); and
-//! running out of descriptors is `resource_exhausted`, not the client's fault.
+//! running out of descriptors is `resource_exhausted`, not the client's fault. A daemon
+//! started at nice -10 with realtime or idle I/O starts its children at nice 0 with
+//! best-effort I/O (issue 25).
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::common::connect::{unary, Stream, WAIT};
-use crate::common::{builder, start, Daemon};
+use crate::common::{builder, root_or_skip, start, Daemon};
 
 const START: &str = "process.Process/Start";
 
@@ -138,6 +140,51 @@ fn a_started_process_has_no_blocked_or_ignored_signal_and_the_daemons_first_file
     let limit: Vec<&str> = limit.split_whitespace().collect();
     assert_eq!(limit, ["1024", "4096", "files"]);
     assert_eq!(end_of(&mut stream)["status"], "signal: killed");
+}
+
+/// Field 19 of `/proc/<pid>/stat`: the nice value.
+fn nice_of(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    after.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
+/// `ionice -p <pid>`'s answer, e.g. `best-effort: prio 4`.
+fn ionice_of(pid: u32) -> String {
+    let output = std::process::Command::new("ionice")
+        .args(["-p", &pid.to_string()])
+        .output()
+        .expect("ionice (util-linux) on the test machine");
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn children_of_a_daemon_at_nice_minus_10_with_realtime_or_idle_io_start_at_nice_0_best_effort() {
+    if !root_or_skip("a negative nice and realtime I/O need root") {
+        return;
+    }
+    for io_class in ["-c 1 -n 0", "-c 3"] {
+        let daemon = builder()
+            .wrap_with_shell(&format!("exec nice -n -10 ionice {io_class}"))
+            .start();
+        let daemon_pid = daemon.pid().unsigned_abs();
+        assert_eq!(nice_of(daemon_pid), -10, "the daemon itself runs at -10");
+        let daemon_io = ionice_of(daemon_pid);
+        assert!(
+            daemon_io.starts_with("realtime") || daemon_io.starts_with("idle"),
+            "{daemon_io}"
+        );
+        let pty = json!({"pty": {"size": {"cols": 80, "rows": 24}}});
+        for extra in [json!({}), pty] {
+            let mut stream = start_process(&daemon, "sleep", &["1000"], extra.clone());
+            let pid = started(&mut stream);
+            let (nice, io) = (nice_of(pid), ionice_of(pid));
+            kill(pid);
+            assert_eq!(nice, 0, "{io_class} {extra}");
+            assert_eq!(io, "best-effort: prio 4", "{io_class} {extra}");
+            assert_eq!(end_of(&mut stream)["status"], "signal: killed");
+        }
+    }
 }
 
 #[test]

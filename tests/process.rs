@@ -9,7 +9,11 @@ use crate::common::*;
 
 fn sandboxd() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-    command.env_remove("SANDBOXD_ACCESS_TOKEN");
+    // No cgroups beside the test runner's, no /fsfreeze of a real filesystem (tests/common).
+    command
+        .env_remove("SANDBOXD_ACCESS_TOKEN")
+        .env("SANDBOXD_PROCESS_CGROUPS", "off")
+        .env("SANDBOXD_FSFREEZE_PATH", "/nonexistent/no-fsfreeze");
     command
 }
 

@@ -9,6 +9,8 @@
 // The harness: starts the daemon on 127.0.0.1:0 with a temp dir, reads replies.
 mod common;
 
+// Issue 25: the process cgroups (placement, no cgroup v2), /freeze and /unfreeze.
+mod cgroups;
 // POST /files/compose: order, deletion of the sources, validation, ownership, full disks, kills.
 mod compose;
 // Connect's gzip: compressed requests and messages, compressed answers, refused codings.
@@ -66,6 +68,12 @@ mod proto_codec;
 mod route_table;
 // Routing, errors, auth, /health, /envs, /init.
 mod routes;
+// Issue 25: /freeze and /unfreeze on a cgroup subtree the test makes: busy loops, /init and
+// the watchdog thaw, hierarchy mode.
+mod freeze;
+// Issue 25: /fsfreeze and /fsthaw on a loop-mounted ext4 image the test makes: writes refused
+// while frozen, /health answers, the watchdog thaws.
+mod fsfreeze;
 // POST /files: raw, chunked and multipart bodies, 100-continue, ownership, errors, kills.
 mod upload;
 // Content-Encoding: gzip uploads.

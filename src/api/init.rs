@@ -148,6 +148,8 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
     let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
     let change = init_token::authorise(app, head, body.access_token.as_deref())?;
     app.mark_initialized();
+    // As envd's deferred thaw: any authorised /init (a resume) thaws the processes' cgroups.
+    app.cgroups.thaw();
     if let Some(mmds) = &app.mmds {
         // As envd after every authorised /init: a resumed or forked sandbox has a new identity.
         mmds.poll();

@@ -2,12 +2,15 @@
 //! errors of `fs` and `auth` become `ApiError`s through `?`, by the one mapping in `status`.
 
 pub mod as_user;
+pub mod collapse;
 pub mod compose;
 pub mod connect_stub;
 pub mod cors;
 pub mod download;
 pub mod envs;
 pub mod filesystem;
+pub mod freeze;
+pub mod fsfreeze;
 pub mod health;
 pub mod init;
 mod init_token;

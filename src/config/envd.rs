@@ -14,7 +14,7 @@ pub struct EnvdFlags {
     pub is_not_fc: bool,
     /// `-verbose`: accepted; sandboxd always logs to stderr.
     pub verbose: bool,
-    /// `-no-cgroups`: accepted; sandboxd manages no cgroups (issue 25).
+    /// `-no-cgroups`: `--process-cgroups off`.
     pub no_cgroups: bool,
 }
 
@@ -40,11 +40,11 @@ pub const ENVD_FLAGS: &[EnvdFlag] = &[
     },
     EnvdFlag {
         usage: "-cgroup-root PATH",
-        meaning: "is --cgroup-root PATH (where the limits are read; sandboxd manages no cgroups)",
+        meaning: "is --process-cgroups PATH (where the processes' cgroups are made)",
     },
     EnvdFlag {
         usage: "-no-cgroups",
-        meaning: "accepted; no effect: sandboxd manages no cgroups yet (logged at start)",
+        meaning: "is --process-cgroups off: processes stay in the daemon's own cgroup",
     },
     EnvdFlag {
         usage: "-commit",
@@ -90,10 +90,11 @@ pub(super) fn take<'a>(
     Ok(true)
 }
 
-/// `-cgroup-root` (one dash) is `--cgroup-root`: the other names are sandboxd's own.
+/// `-cgroup-root` (one dash) is `--process-cgroups` (envd makes its groups there): the other
+/// names are sandboxd's own.
 pub(super) fn alias(name: &str) -> &str {
     match name {
-        "-cgroup-root" => "--cgroup-root",
+        "-cgroup-root" => "--process-cgroups",
         other => other,
     }
 }
@@ -224,18 +225,26 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_root_with_one_dash_is_sandboxd_s_cgroup_root() {
+    fn cgroup_root_with_one_dash_is_process_cgroups_and_no_cgroups_turns_them_off() {
+        use crate::config::ProcessCgroups;
         for form in [
             &["-cgroup-root", "/cg"][..],
             &["-cgroup-root=/cg"],
-            &["--cgroup-root", "/cg"],
-            &["--cgroup-root=/cg"],
+            &["--process-cgroups", "/cg"],
         ] {
             let config = serve_as("sandboxd", form, &no_env);
-            assert_eq!(config.cgroup_root.to_str(), Some("/cg"), "{form:?}");
+            assert_eq!(config.process_cgroups, ProcessCgroups::At("/cg".into()));
+            assert_eq!(config.cgroup_root.to_str(), Some("/sys/fs/cgroup"));
         }
-        assert_eq!(error(&["-cgroup-root"]), "--cgroup-root needs a value");
-        assert_eq!(error(&["-cgroup-root="]), "a path option must not be empty");
+        let config = serve_as("sandboxd", &["-cgroup-root", "/cg", "-no-cgroups"], &no_env);
+        assert_eq!(config.process_cgroups, ProcessCgroups::Off);
+        let config = serve_as("sandboxd", &["--cgroup-root=/cg"], &no_env);
+        assert_eq!(config.cgroup_root.to_str(), Some("/cg"));
+        assert_eq!(error(&["-cgroup-root"]), "--process-cgroups needs a value");
+        assert_eq!(
+            error(&["-cgroup-root=cg"]),
+            "--process-cgroups must be an absolute path, not 'cg'"
+        );
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub const OPTIONS: &[Opt] = &[
     FS_AS_USER.opt,
     LOG_FORMAT.opt,
     UPGRADE_PATH.opt,
+    PROCESS_CGROUPS.opt,
+    FSFREEZE_PATH.opt,
+    THAW_WATCHDOG.opt,
 ];
 
 pub const LISTEN: Setting<SocketAddr> = Setting {
@@ -305,6 +308,57 @@ pub const CGROUP_ROOT: Setting<PathBuf> = Setting {
     absent: None,
 };
 
+/// Where started processes' cgroups are made (`platform::cgroups`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessCgroups {
+    /// The daemon's own cgroup v2 directory, when it may write there.
+    Own,
+    /// None: every process stays in the daemon's group.
+    Off,
+    At(PathBuf),
+}
+
+pub const PROCESS_CGROUPS: Setting<ProcessCgroups> = Setting {
+    opt: Opt {
+        flag: Some("--process-cgroups"),
+        env: "SANDBOXD_PROCESS_CGROUPS",
+        value: "PATH",
+        default: Fallback::Words("its own group's"),
+        help: "cgroup v2 directory where started processes' groups (`ptys`, `user`, `socats`) are made, with envd's weights and memory limits; `off` for none",
+    },
+    parse: |flag, text| match text {
+        "off" => Ok(ProcessCgroups::Off),
+        _ => absolute_path(flag, text).map(ProcessCgroups::At),
+    },
+    absent: Some(|| ProcessCgroups::Own),
+};
+
+/// The filesystem `/fsfreeze` freezes: the root's in a sandbox, a test's own image in tests.
+pub const FSFREEZE_PATH: Setting<PathBuf> = Setting {
+    opt: Opt {
+        flag: Some("--fsfreeze-path"),
+        env: "SANDBOXD_FSFREEZE_PATH",
+        value: "PATH",
+        default: Fallback::Text("/"),
+        help: "a path on the filesystem `/fsfreeze` freezes (`FIFREEZE`) and `/fsthaw` thaws",
+    },
+    parse: |flag, text| absolute_path(flag, text),
+    absent: None,
+};
+
+/// envd's `DefaultThawWatchdogWindow`: ten minutes.
+pub const THAW_WATCHDOG: Setting<Duration> = Setting {
+    opt: Opt {
+        flag: Some("--thaw-watchdog"),
+        env: "SANDBOXD_THAW_WATCHDOG",
+        value: "SECS",
+        default: Fallback::Text("600"),
+        help: "a `/freeze` or `/fsfreeze` nobody ended is thawed after this long",
+    },
+    parse: parse_seconds,
+    absent: None,
+};
+
 /// A switch: the flag alone turns it on (`--fs-as-user=false` turns it off again).
 pub const FS_AS_USER: Setting<bool> = Setting {
     opt: Opt {
@@ -326,7 +380,7 @@ pub const LOG_FORMAT: Setting<crate::log::Format> = Setting {
         env: "SANDBOXD_LOG_FORMAT",
         value: "FORMAT",
         default: Fallback::Text("text"),
-        help: "`text` (a time, then the message) or `json` (one object per line with envd's                fields: `level`, `timestamp`, `message`, a request's `operation_id`)",
+        help: "`text` (a time, then the message) or `json` (one object per line with envd's fields: `level`, `timestamp`, `message`, a request's `operation_id`)",
     },
     parse: |flag, text| match text {
         "text" => Ok(crate::log::Format::Text),
@@ -440,5 +494,24 @@ mod tests {
             LOG_FORMAT.read(Some("JSON")),
             Err("--log-format must be text or json, not 'JSON'".into())
         );
+    }
+
+    #[test]
+    fn process_cgroups_is_off_a_path_or_the_daemons_own() {
+        assert_eq!(PROCESS_CGROUPS.read(None).unwrap(), ProcessCgroups::Own);
+        assert_eq!(
+            PROCESS_CGROUPS.read(Some("off")).unwrap(),
+            ProcessCgroups::Off
+        );
+        assert_eq!(
+            PROCESS_CGROUPS.read(Some("/sys/fs/cgroup/x")).unwrap(),
+            ProcessCgroups::At("/sys/fs/cgroup/x".into())
+        );
+        assert_eq!(
+            PROCESS_CGROUPS.read(Some("x")).unwrap_err(),
+            "--process-cgroups must be an absolute path, not 'x'"
+        );
+        assert_eq!(FSFREEZE_PATH.read(None).unwrap(), PathBuf::from("/"));
+        assert_eq!(THAW_WATCHDOG.read(None).unwrap(), Duration::from_secs(600));
     }
 }

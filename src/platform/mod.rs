@@ -10,12 +10,20 @@
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 //! - [`volumes`]: `volumeMounts` and `lifecycleID`, the sandbox's NFS volumes.
 //! - [`command`]: the system programs those run (`mount`, `umount`, `findmnt`), in a budget.
+//! - [`cgroups`]: the started processes' cgroups, `/freeze` and `/unfreeze`.
+//! - [`fsfreeze`]: `/fsfreeze` and `/fsthaw`, and the gate of the daemon's file writers.
+//! - [`collapse`]: `/collapse`, the daemon's heap into transparent hugepages.
+//! - [`watchdog`]: the backstop that thaws a freeze nobody ended.
 
 pub mod atomic_file;
 pub mod ca_bundle;
+pub mod cgroups;
 pub mod clock;
+pub mod collapse;
 pub mod command;
+pub mod fsfreeze;
 pub mod hosts;
 pub mod http_client;
 pub mod init_files;
 pub mod volumes;
+pub mod watchdog;

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -61,6 +61,8 @@ pub struct Spec {
     /// A stdin pipe (else `/dev/null`); a terminal always has input.
     pub stdin: bool,
     pub tag: Option<String>,
+    /// The `cgroup.procs` of the process's group (`platform::cgroups`); `None`: the daemon's.
+    pub cgroup: Option<Arc<File>>,
 }
 
 /// A started child and the daemon's ends of its streams.
@@ -113,6 +115,7 @@ pub fn spawn(spec: &Spec) -> io::Result<Spawned> {
         controlling_terminal: spec.terminal.is_some(),
         // The daemon raised its own soft limit; its children get the one it was started with.
         open_files: crate::sys::process::started_nofile_limit(),
+        cgroup_procs: spec.cgroup.as_ref().map(|procs| procs.as_raw_fd()),
     };
     child::configure(&mut command, &setup)?;
     match spec.terminal {

@@ -115,6 +115,7 @@ fn spec(cmd: &str, args: &[&str]) -> Spec {
         terminal: None,
         stdin: false,
         tag: None,
+        cgroup: None,
     }
 }
 

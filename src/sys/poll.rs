@@ -83,6 +83,8 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
 pub enum Interest {
     Read,
     Write,
+    /// `POLLPRI`: a kernfs file (`cgroup.events`) changed since it was last read.
+    Priority,
 }
 
 /// Waits until one of `fds` is ready for what it is waited for (or has an error or hang-up,
@@ -100,6 +102,7 @@ pub fn poll_ready(
             events: match interest {
                 Interest::Read => libc::POLLIN,
                 Interest::Write => libc::POLLOUT,
+                Interest::Priority => libc::POLLPRI,
             },
             revents: 0,
         })

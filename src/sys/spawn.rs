@@ -20,13 +20,18 @@
 //! 3. `oom_score_adj` 100 (best effort), as envd gives its children: a daemon protected from
 //!    the OOM killer must not pass that protection to user code. Before dropping privileges,
 //!    since a non-root process may find its own `/proc/self` files owned by root.
-//! 4. The open-file limit the daemon was started with (it raised its own soft limit), while
+//! 4. A normal CPU and I/O priority (best effort): nice 0 and I/O class best-effort at level 4,
+//!    envd's `nice`/`ionice -c 2 -n 4` wrapper without the shell. The daemon may run at
+//!    `Nice=-20` with realtime I/O (E2B's unit), and a worker that forks may have lowered its own
+//!    thread's priority; neither reaches user code. A failure (a daemon started above nice 0
+//!    without `CAP_SYS_NICE` cannot go back to 0) leaves the inherited value, as envd's `nice`.
+//! 5. The open-file limit the daemon was started with (it raised its own soft limit), while
 //!    setting a hard limit is still allowed.
-//! 5. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
+//! 6. The credentials, when they differ from the daemon's: `setgroups`, `setresgid`,
 //!    `setresuid`, as raw system calls (libc's wrappers broadcast to every thread, which in a
 //!    forked child is at best pointless).
-//! 6. `chdir` to the working directory, as the user: a directory they may not enter fails.
-//! 7. Signals, last: every disposition back to its default (an ignored one survives `exec`: a
+//! 7. `chdir` to the working directory, as the user: a directory they may not enter fails.
+//! 8. Signals, last: every disposition back to its default (an ignored one survives `exec`: a
 //!    daemon started under `nohup`, or with `SIGPIPE` ignored, must not pass that on), then an
 //!    empty mask (the daemon blocks `SIGTERM`, `SIGINT` and `SIGCHLD` in every thread to
 //!    `sigwait` them, and a mask survives `fork` and `exec`). Raw system calls again: musl's
@@ -34,6 +39,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -59,6 +65,9 @@ pub struct ChildSetup {
     pub controlling_terminal: bool,
     /// The `RLIMIT_NOFILE` (soft, hard) to give the child; `None`: the daemon's own.
     pub open_files: Option<(u64, u64)>,
+    /// An open `cgroup.procs` the child writes itself to first; `None`: the daemon's group.
+    /// The caller keeps it open until the spawn returns.
+    pub cgroup_procs: Option<RawFd>,
 }
 
 const OOM_SCORE_ADJ: &[u8] = b"/proc/self/oom_score_adj\0";
@@ -75,7 +84,11 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
     });
     let terminal = setup.controlling_terminal;
     let open_files = setup.open_files.map(|(soft, hard)| [soft, hard]);
+    let cgroup_procs = setup.cgroup_procs;
     let hook = move || -> io::Result<()> {
+        if let Some(fd) = cgroup_procs {
+            join_cgroup(fd);
+        }
         // SAFETY: setsid takes no arguments and only changes this (single-threaded, forked)
         // process's session.
         if unsafe { libc::setsid() } == -1 {
@@ -89,6 +102,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
             }
         }
         raise_oom_score();
+        normal_priority();
         if let Some(limit) = &open_files {
             set_open_files(limit)?;
         }
@@ -102,7 +116,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         reset_signals()
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // raw system calls (setsid, ioctl, open, write, close, prlimit64, setgroups, setresgid,
+    // raw system calls (write to cgroup.procs, setsid, ioctl, open, write, close, setpriority, ioprio_set, prlimit64, setgroups, setresgid,
     // setresuid, chdir, rt_sigaction, rt_sigprocmask) on data captured before the fork; it
     // allocates nothing, takes no lock and touches no state shared with other threads of the
     // parent.
@@ -110,6 +124,17 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         command.pre_exec(hook);
     }
     Ok(())
+}
+
+/// Writes `0` (the writer itself) to the open `cgroup.procs` `fd`: the child moves into that
+/// group before anything of the user's runs. Best effort: a failure (the group removed, a
+/// migration the kernel refuses) leaves it in the daemon's group, never a failed command.
+fn join_cgroup(fd: RawFd) {
+    // SAFETY: `fd` is a descriptor the caller keeps open across the spawn; the buffer is a
+    // static byte string of the given length. The result is ignored on purpose (best effort).
+    unsafe {
+        libc::write(fd, b"0".as_ptr().cast::<libc::c_void>(), 1);
+    }
 }
 
 /// Best effort: a failure (no /proc) leaves the inherited score.
@@ -132,6 +157,28 @@ fn raise_oom_score() {
             );
             libc::close(fd);
         }
+    }
+}
+
+/// `IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, 4)`: class 2 in the bits above 13, level 4 (envd's
+/// `ionice -c 2 -n 4`).
+const IOPRIO_BEST_EFFORT_4: libc::c_long = (2 << 13) | 4;
+/// `IOPRIO_WHO_PROCESS`: `ioprio_set`'s `who` is a process id (0: the caller).
+const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+
+/// Nice 0 and I/O priority best-effort 4 for this (forked) process; best effort, failures
+/// ignored (see the module's step 4).
+fn normal_priority() {
+    // SAFETY: setpriority and ioprio_set take plain integers and touch no memory of ours; raw
+    // system calls, so nothing of libc's runs in the forked child. Results ignored on purpose.
+    unsafe {
+        libc::syscall(libc::SYS_setpriority, libc::PRIO_PROCESS, 0, 0);
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_BEST_EFFORT_4,
+        );
     }
 }
 
@@ -247,6 +294,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();
@@ -269,6 +317,7 @@ mod tests {
             cwd: "/nonexistent/dir".into(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let error = command.spawn().unwrap_err();
@@ -315,6 +364,7 @@ mod tests {
             cwd: "/".into(),
             controlling_terminal: false,
             open_files: Some((77, 99)),
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output();
@@ -349,6 +399,7 @@ mod tests {
             cwd: "/".into(),
             controlling_terminal: false,
             open_files: None,
+            cgroup_procs: None,
         };
         configure(&mut command, &setup).unwrap();
         let output = command.output().unwrap();

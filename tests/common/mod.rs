@@ -2,6 +2,7 @@
 //! and a token of its own, and talks HTTP/1.1 to it over plain sockets; `connect` makes
 //! Connect calls on top.
 
+pub mod cgroup;
 pub mod connect;
 
 use std::fs;
@@ -119,6 +120,12 @@ impl Builder {
             std::fs::write(&file, format!("{token}\n")).unwrap();
             command.arg("--access-token-file").arg(file);
         }
+        // Never the machine's own: no cgroups made beside the test runner's, and a /fsfreeze
+        // a test did not point at an image of its own fails (the path does not exist) instead
+        // of freezing the machine's root. A test's `env` or flag overrides them.
+        command
+            .env("SANDBOXD_PROCESS_CGROUPS", "off")
+            .env("SANDBOXD_FSFREEZE_PATH", dir.path().join("no-fsfreeze"));
         for (key, value) in &self.env {
             command.env(key, value);
         }

@@ -66,6 +66,16 @@ fn run(
         watch::setup::start_threads()?;
         super::long_calls::start();
     }
+    // The methods that write hold the filesystem-freeze gate across their calls (refused
+    // while frozen: `api::fsfreeze`).
+    let _gate = match method {
+        "MakeDir" | "Move" | "Remove" => Some(
+            app.fsfreeze
+                .writing()
+                .ok_or_else(|| Error::new(Code::Unavailable, super::fsfreeze::FROZEN))?,
+        ),
+        _ => None,
+    };
     let _as_user = app
         .as_user(&caller.user)
         .map_err(|e| Error::new(Code::Internal, e.to_string()))?;

@@ -11,6 +11,11 @@
 //! error envd gives when its own start fails: `invalid_argument` `error starting process
 //! '<cmd args>' in '<cwd>' as <user>: <reason>` (the directory and user added: the reason may be
 //! theirs, a directory the user may not enter), at the end of a stream with no event.
+//!
+//! The process joins its cgroup (`platform::cgroups`: `ptys` with a terminal, else `user`, none
+//! for the `_system` tag) before it executes anything; while `/freeze` holds those groups
+//! frozen, a `Start` into them is `unavailable` at once rather than a child that would freeze
+//! before `exec` with its `Start` hanging until the thaw.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +25,10 @@ use super::stream::ProcessStream;
 use super::{hub, proc_error, spawn_code};
 use crate::api::rpc::{api_error, failed};
 use crate::app::App;
-use crate::connect::{Call, Error};
+use crate::connect::{Call, Code, Error};
 use crate::fs::users;
 use crate::http::Response;
+use crate::platform::cgroups::Group;
 use crate::proc::{Attached, Config, Hub, ProcError, Spec};
 use crate::sys::pty::WindowSize;
 use crate::sys::spawn::Credentials;
@@ -87,6 +93,19 @@ fn start_process(
         terminal,
         stdin: request.stdin.unwrap_or(true),
         tag: request.tag,
+        cgroup: None,
+    };
+    let group = Group::of_start(spec.tag.as_deref(), spec.terminal.is_some());
+    let placement = app.cgroups.placement(group).map_err(|_| {
+        Error::new(
+            Code::Unavailable,
+            "the sandbox's processes are frozen (POST /freeze): a process can start once \
+             /unfreeze or /init thaws them",
+        )
+    })?;
+    let spec = Spec {
+        cgroup: placement.procs.clone(),
+        ..spec
     };
     let (mut stream, response) = ProcessStream::open(call, keepalive);
     hub()?
@@ -106,6 +125,8 @@ fn start_process(
             ),
             other => proc_error(other, "error starting process"),
         })?;
+    // Held across the spawn: a freeze waits for it (`platform::cgroups::freeze`).
+    drop(placement);
     Ok(response)
 }
 

@@ -1,0 +1,505 @@
+//! `/freeze` and `/unfreeze` over the process cgroups (envd's `WorkloadFreezer`, `freeze.go`):
+//! the sweep, the wait until the kernel reports the groups frozen, the thaw, the watchdog, and
+//! the gate that keeps a `Start` from spawning into a frozen group.
+//!
+//! - **Sweep.** `legacy` (the default) writes `cgroup.freeze` = 1 in `user` and `ptys`.
+//!   `hierarchy` walks the `--process-cgroups` directory breadth first (at most `maxCgroups`
+//!   visited, default 512, at most 8192) and freezes every cgroup that is neither `socats`
+//!   (allowlisted) nor an ancestor of the daemon's own cgroup (descended into instead): the
+//!   complement of the daemon's chain, as envd's, but within that directory only (envd walks
+//!   the whole mount and keeps an allowlist of systemd's and journald's groups).
+//! - **The guest's own freezes.** Before the first sweep of a freeze, every cgroup below the
+//!   directory whose `cgroup.freeze` already reads 1 (`docker pause`) is recorded: the sweep
+//!   does not write it (`preFrozen`) and the thaw leaves it frozen.
+//! - **Wait.** With a budget (`maxWaitMs`), the `cgroup.events` of each written group is read
+//!   until it says `frozen 1`; between reads the freezer sleeps in `poll(POLLPRI)`, which the
+//!   kernel wakes when the file changes (envd polls every 2 ms), at most 10 ms at a time.
+//! - **Thaw** (`/unfreeze`, `/init`, the watchdog): every cgroup below the directory whose
+//!   `cgroup.freeze` reads 1, less the guest's, gets 0 (at most 8192 visited). With no freeze
+//!   of this daemon's in effect, only `user` and `ptys` are looked at: the directory may be the
+//!   machine's whole hierarchy, where another tool's freeze is none of the daemon's business.
+//! - **Lock.** One freeze or thaw at a time: `/freeze` and `/unfreeze` answer 503 while another
+//!   holds it; `/init` and the watchdog wait for it.
+//! - **Gate.** From the sweep until the thaw, a `Start` into `user` or `ptys` is refused
+//!   (`unavailable`): envd's child would freeze before `exec` and its `Start` would hang until
+//!   the thaw, holding a worker here. A `Start` in progress finishes before the sweep begins.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError, Weak};
+use std::time::{Duration, Instant};
+
+use super::{events, write_property, Cgroups, Group, Groups};
+use crate::platform::watchdog::Watchdog;
+use crate::sys::poll::{poll_ready, Interest};
+
+/// envd's `DefaultFreezeMaxCgroups`.
+pub const DEFAULT_MAX_CGROUPS: usize = 512;
+/// envd's `DefaultThawMaxCgroups`: the thaw's bound, and the freeze's ceiling.
+pub const THAW_MAX_CGROUPS: usize = 8192;
+/// Longest sleep between two reads of `cgroup.events` when no change wakes the freezer.
+const POLL_CAP: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Legacy,
+    Hierarchy,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Legacy => "legacy",
+            Mode::Hierarchy => "hierarchy",
+        }
+    }
+}
+
+pub struct Options {
+    /// Zero: no wait.
+    pub max_wait: Duration,
+    pub mode: Mode,
+    /// Zero: [`DEFAULT_MAX_CGROUPS`]; clamped to [`THAW_MAX_CGROUPS`].
+    pub max_cgroups: usize,
+}
+
+/// envd's `FreezeResult`; [`FreezeResult::to_json`] names the fields as its OpenAPI does.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FreezeResult {
+    pub mode: &'static str,
+    pub visited: usize,
+    pub allowlisted: usize,
+    pub truncated: bool,
+    pub pre_frozen: usize,
+    pub requested: usize,
+    pub frozen: usize,
+    pub not_frozen: usize,
+    pub failed: usize,
+    pub unobservable: usize,
+    pub sweep_ms: u64,
+    pub wait_ms: u64,
+}
+
+impl FreezeResult {
+    /// The JSON answer (written by hand: a derive costs the binary more than this).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"mode\":\"{}\",\"visited\":{},\"allowlisted\":{},\"truncated\":{},\
+             \"preFrozen\":{},\"requested\":{},\"frozen\":{},\"notFrozen\":{},\"failed\":{},\
+             \"unobservable\":{},\"sweepMs\":{},\"waitMs\":{}}}",
+            self.mode,
+            self.visited,
+            self.allowlisted,
+            self.truncated,
+            self.pre_frozen,
+            self.requested,
+            self.frozen,
+            self.not_frozen,
+            self.failed,
+            self.unobservable,
+            self.sweep_ms,
+            self.wait_ms
+        )
+    }
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ThawResult {
+    pub thawed: usize,
+    pub failed: usize,
+    pub truncated: bool,
+}
+
+/// Another freeze or thaw holds the lock.
+#[derive(Debug)]
+pub struct Busy;
+
+/// A `Start` into a frozen group.
+#[derive(Debug)]
+pub struct Frozen;
+
+pub struct Freezer {
+    state: Mutex<State>,
+    /// True from a sweep until its thaw; a `Start` holds it read across its spawn.
+    gate: RwLock<bool>,
+    watchdog: Arc<Watchdog>,
+}
+
+#[derive(Default)]
+struct State {
+    /// A freeze of ours is in effect.
+    active: bool,
+    /// What the guest had frozen before it (a few paths: a list).
+    guest_frozen: Vec<PathBuf>,
+}
+
+impl Freezer {
+    pub fn new(thaw_after: Duration) -> Freezer {
+        Freezer {
+            state: Mutex::new(State::default()),
+            gate: RwLock::new(false),
+            watchdog: Watchdog::new(thaw_after),
+        }
+    }
+}
+
+/// What a `Start` into a group holds while it spawns: the group's `cgroup.procs` and the gate.
+pub struct Placement<'a> {
+    pub procs: Option<Arc<File>>,
+    _gate: Option<RwLockReadGuard<'a, bool>>,
+}
+
+impl Cgroups {
+    /// The placement of a process of `group` (`None`: the daemon's own); [`Frozen`] while a
+    /// freeze is in effect.
+    pub fn placement(&self, group: Option<Group>) -> Result<Placement<'_>, Frozen> {
+        let (Some(group), Some(groups)) = (group, self.groups()) else {
+            return Ok(Placement {
+                procs: None,
+                _gate: None,
+            });
+        };
+        let gate = self.freezer.gate.read().unwrap_or_else(|e| e.into_inner());
+        if *gate {
+            return Err(Frozen);
+        }
+        Ok(Placement {
+            procs: groups.procs(group),
+            _gate: Some(gate),
+        })
+    }
+
+    /// `/freeze`: [`Busy`] while another freeze or thaw runs.
+    pub fn freeze(self: &Arc<Self>, options: &Options) -> Result<FreezeResult, Busy> {
+        let mut state = match self.freezer.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::WouldBlock) => return Err(Busy),
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        let mut result = FreezeResult {
+            mode: options.mode.as_str(),
+            ..FreezeResult::default()
+        };
+        let Some(groups) = self.groups() else {
+            // envd's no-op manager: both groups "requested", neither observable.
+            result.mode = Mode::Legacy.as_str();
+            result.requested = 2;
+            result.unobservable = 2;
+            return Ok(result);
+        };
+        *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = true;
+        let sweep_start = Instant::now();
+        if !state.active {
+            let (found, truncated) = frozen_below(&groups.root);
+            state.guest_frozen = found;
+            result.truncated |= truncated;
+        }
+        result.pre_frozen = state.guest_frozen.len();
+        let targets = match options.mode {
+            Mode::Legacy => own_groups(groups),
+            Mode::Hierarchy => hierarchy_targets(groups, options.max_cgroups, &mut result),
+        };
+        let mut written = Vec::new();
+        for target in targets {
+            if state.guest_frozen.contains(&target) {
+                continue;
+            }
+            match write_property(&target.join("cgroup.freeze"), "1") {
+                Ok(()) => written.push(target),
+                Err(_) => result.failed += 1,
+            }
+        }
+        result.requested = written.len();
+        state.active = true;
+        result.sweep_ms = millis(sweep_start.elapsed());
+        if !written.is_empty() {
+            let weak = Arc::downgrade(self);
+            self.freezer
+                .watchdog
+                .arm(Box::new(move |generation| watchdog_thaw(&weak, generation)));
+        }
+        if !options.max_wait.is_zero() {
+            let wait_start = Instant::now();
+            await_frozen(&written, options.max_wait, &mut result);
+            result.wait_ms = millis(wait_start.elapsed());
+        }
+        drop(state);
+        Ok(result)
+    }
+
+    /// `/unfreeze`: [`Busy`] while another freeze or thaw runs.
+    pub fn try_thaw(&self) -> Result<ThawResult, Busy> {
+        match self.freezer.state.try_lock() {
+            Ok(state) => Ok(self.thaw_locked(state)),
+            Err(TryLockError::WouldBlock) => Err(Busy),
+            Err(TryLockError::Poisoned(e)) => Ok(self.thaw_locked(e.into_inner())),
+        }
+    }
+
+    /// `/init`'s thaw: waits for a freeze in progress, then thaws; a failure is logged.
+    pub fn thaw(&self) -> ThawResult {
+        let state = self.freezer.state.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.thaw_locked(state);
+        if result.failed > 0 {
+            crate::log::line(format_args!(
+                "thaw: {} cgroups could not be thawed ({} were)",
+                result.failed, result.thawed
+            ));
+        }
+        result
+    }
+
+    fn thaw_locked(&self, mut state: MutexGuard<'_, State>) -> ThawResult {
+        let mut result = ThawResult::default();
+        if let Some(groups) = self.groups() {
+            // Without a freeze of ours in effect (no /freeze since start: an /init, or a
+            // daemon restarted after a freeze), only its own two groups: the directory may be
+            // the machine's whole hierarchy, and what froze the rest is not known.
+            let frozen = if state.active {
+                let (frozen, truncated) = frozen_below(&groups.root);
+                result.truncated = truncated;
+                frozen
+            } else {
+                let mut own = own_groups(groups);
+                own.retain(|dir| freeze_requested_at(dir));
+                own
+            };
+            for dir in frozen {
+                if state.guest_frozen.contains(&dir) {
+                    continue;
+                }
+                match write_property(&dir.join("cgroup.freeze"), "0") {
+                    Ok(()) => result.thawed += 1,
+                    Err(_) => result.failed += 1,
+                }
+            }
+        }
+        state.active = false;
+        self.freezer.watchdog.disarm();
+        *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = false;
+        result
+    }
+}
+
+/// The watchdog's thaw: only if its arming is still the current one, checked under the lock.
+fn watchdog_thaw(cgroups: &Weak<Cgroups>, generation: u64) {
+    let Some(cgroups) = cgroups.upgrade() else {
+        return;
+    };
+    let state = cgroups
+        .freezer
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if !cgroups.freezer.watchdog.is_current(generation) {
+        return;
+    }
+    let result = cgroups.thaw_locked(state);
+    crate::log::line(format_args!(
+        "thaw watchdog: a /freeze nobody ended was thawed ({} cgroups, {} failed)",
+        result.thawed, result.failed
+    ));
+}
+
+/// The hierarchy sweep's candidates: the complement of the daemon's chain below the root.
+fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> Vec<PathBuf> {
+    let max = match max {
+        0 => DEFAULT_MAX_CGROUPS,
+        n => n.min(THAW_MAX_CGROUPS),
+    };
+    let socats = groups.path(Group::Socats);
+    let mut allowlisted = 0;
+    let (targets, visited, truncated) = walk(&groups.root, max, &mut |dir| {
+        if Some(dir) == socats {
+            allowlisted += 1;
+            Visit::Skip
+        } else if groups.own.as_ref().is_some_and(|own| own.starts_with(dir)) {
+            Visit::Descend
+        } else {
+            Visit::Pick
+        }
+    });
+    result.allowlisted = allowlisted;
+    result.visited = visited;
+    result.truncated |= truncated;
+    targets
+}
+
+/// What a walk does with a cgroup it visits.
+enum Visit {
+    /// Neither: leave it and what is below.
+    Skip,
+    /// Look below it.
+    Descend,
+    /// Take it, not what is below.
+    Pick,
+    /// Take it and look below.
+    PickAndDescend,
+}
+
+/// The cgroups below `root` that `visit` picks, breadth first, at most `max` visited; how many
+/// were, and whether the bound stopped the walk.
+fn walk(
+    root: &Path,
+    max: usize,
+    visit: &mut dyn FnMut(&Path) -> Visit,
+) -> (Vec<PathBuf>, usize, bool) {
+    let mut picked = Vec::new();
+    let mut queue = vec![root.to_path_buf()];
+    let (mut next, mut visited) = (0, 0);
+    while let Some(dir) = queue.get(next).cloned() {
+        next += 1;
+        for child in subdirectories(&dir) {
+            if visited >= max {
+                return (picked, visited, true);
+            }
+            visited += 1;
+            match visit(&child) {
+                Visit::Skip => {}
+                Visit::Descend => queue.push(child),
+                Visit::Pick => picked.push(child),
+                Visit::PickAndDescend => {
+                    picked.push(child.clone());
+                    queue.push(child);
+                }
+            }
+        }
+    }
+    (picked, visited, false)
+}
+
+/// Every cgroup below `root` whose own `cgroup.freeze` reads 1 (at most [`THAW_MAX_CGROUPS`]
+/// visited), and whether the bound stopped the walk.
+fn frozen_below(root: &Path) -> (Vec<PathBuf>, bool) {
+    let (frozen, _, truncated) = walk(root, THAW_MAX_CGROUPS, &mut |dir| {
+        if freeze_requested_at(dir) {
+            Visit::PickAndDescend
+        } else {
+            Visit::Descend
+        }
+    });
+    (frozen, truncated)
+}
+
+fn freeze_requested_at(dir: &Path) -> bool {
+    read(&dir.join("cgroup.freeze")).is_some_and(|t| events::freeze_requested(&t))
+}
+
+/// `user` and `ptys`.
+fn own_groups(groups: &Groups) -> Vec<PathBuf> {
+    [Group::User, Group::Ptys]
+        .iter()
+        .filter_map(|g| groups.path(*g).map(Path::to_path_buf))
+        .collect()
+}
+
+/// The child cgroups of `dir`, in the directory's order (cgroupfs has no symlinks; a
+/// vanished one lists nothing).
+fn subdirectories(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Reads each written group's `cgroup.events` until all say frozen or `budget` passes.
+fn await_frozen(written: &[PathBuf], budget: Duration, result: &mut FreezeResult) {
+    let deadline = Instant::now() + budget;
+    let mut pending: Vec<File> = Vec::new();
+    for dir in written {
+        match File::open(dir.join("cgroup.events")) {
+            Ok(file) => pending.push(file),
+            Err(_) => result.failed += 1,
+        }
+    }
+    loop {
+        let mut still = Vec::new();
+        for file in pending {
+            let mut buf = [0u8; 256];
+            match file.read_at(&mut buf, 0) {
+                Ok(n) if events::frozen(&String::from_utf8_lossy(&buf[..n])) => result.frozen += 1,
+                Ok(_) => still.push(file),
+                Err(_) => result.failed += 1,
+            }
+        }
+        pending = still;
+        let now = Instant::now();
+        if pending.is_empty() || now >= deadline {
+            break;
+        }
+        let fds: Vec<_> = pending
+            .iter()
+            .map(|f| (f.as_fd(), Interest::Priority))
+            .collect();
+        let _ = poll_ready(&fds, Some((deadline - now).min(POLL_CAP)));
+    }
+    result.not_frozen = pending.len();
+}
+
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn without_groups() -> Arc<Cgroups> {
+        Arc::new(Cgroups {
+            groups: None,
+            freezer: Freezer::new(Duration::from_secs(600)),
+        })
+    }
+
+    #[test]
+    fn a_freeze_or_thaw_while_another_holds_the_lock_is_busy() {
+        let cgroups = without_groups();
+        let held = cgroups.freezer.state.lock().unwrap();
+        let options = Options {
+            max_wait: Duration::ZERO,
+            mode: Mode::Legacy,
+            max_cgroups: 0,
+        };
+        assert!(cgroups.freeze(&options).is_err());
+        assert!(cgroups.try_thaw().is_err());
+        drop(held);
+        assert!(cgroups.try_thaw().is_ok());
+    }
+
+    #[test]
+    fn without_groups_it_answers_as_envds_no_op_manager_and_starts_run() {
+        let cgroups = without_groups();
+        let options = Options {
+            max_wait: Duration::from_millis(100),
+            mode: Mode::Hierarchy,
+            max_cgroups: 0,
+        };
+        let result = cgroups.freeze(&options).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&result.to_json()).unwrap();
+        assert_eq!(json["mode"], "legacy");
+        assert_eq!(json["unobservable"], 2);
+        assert_eq!(json["truncated"], false);
+        assert_eq!(json.as_object().unwrap().len(), 12);
+        assert_eq!(
+            result,
+            FreezeResult {
+                mode: "legacy",
+                requested: 2,
+                unobservable: 2,
+                ..FreezeResult::default()
+            }
+        );
+        let placement = cgroups.placement(Some(Group::User)).ok().unwrap();
+        assert!(placement.procs.is_none());
+    }
+}
