@@ -21,7 +21,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/init", "POST"),
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
-    ("/files", "GET, HEAD, POST"),
+    ("/files", "GET, HEAD, POST, PUT"),
 ];
 
 pub struct Router {
@@ -86,7 +86,7 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         }
         ("/files/compose", "POST") => api::compose::begin(app, head),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
-        ("/files", "POST") => api::upload::begin(app, head),
+        ("/files", "POST" | "PUT") => api::upload::begin(app, head),
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {
             let method = service_method(path, api::filesystem::SERVICE).unwrap_or_default();
             Ok(api::filesystem::begin(app, head, method))

@@ -64,6 +64,8 @@ mod routes;
 mod upload;
 // Content-Encoding: gzip uploads.
 mod upload_gzip;
+// PUT /files: a raw body whatever its type (curl -T), as POST otherwise.
+mod upload_put;
 // X-Metadata-* headers as user.e2b.* attributes.
 mod upload_metadata;
 
