@@ -9,6 +9,8 @@
 // The harness: starts the daemon on 127.0.0.1:0 with a temp dir, reads replies.
 mod common;
 
+// Directory archives: tar downloads and uploads, gzip, signed URLs, refusals, cuts.
+mod archive;
 // POST /files/compose: order, deletion of the sources, validation, ownership, full disks, kills.
 mod compose;
 // Connect's gzip: compressed requests and messages, compressed answers, refused codings.

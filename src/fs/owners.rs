@@ -87,6 +87,16 @@ impl Owners {
             .unwrap_or_else(|| uid.to_string())
     }
 
+    /// The name of `uid`, if the passwd file has one (a tar header's `uname`).
+    pub fn user_name(&self, uid: u32) -> Option<&str> {
+        self.users.get(&uid).map(String::as_str)
+    }
+
+    /// The name of `gid`, if the group file has one.
+    pub fn group_name(&self, gid: u32) -> Option<&str> {
+        self.groups.get(&gid).map(String::as_str)
+    }
+
     pub fn group(&self, gid: u32) -> String {
         self.groups
             .get(&gid)

@@ -368,6 +368,41 @@ impl Dir {
         result.map(|()| names)
     }
 
+    /// The target of the symlink `name` here (`readlinkat`), as bytes; `EINVAL` if it is
+    /// not a symlink.
+    pub fn read_link(&self, name: &OsStr) -> io::Result<Vec<u8>> {
+        let name = c_name(name)?;
+        let mut buf = vec![0u8; 256];
+        loop {
+            // SAFETY: `name` is NUL-terminated and alive; `buf` is a live, writable buffer of
+            // `buf.len()` bytes, of which the kernel writes at most that many.
+            let len = super::check_size(unsafe {
+                libc::readlinkat(
+                    self.fd.as_raw_fd(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            })?;
+            // A target that filled the buffer may have been cut: ask again with more room
+            // (a target is at most PATH_MAX bytes, so this ends).
+            if len < buf.len() {
+                buf.truncate(len);
+                return Ok(buf);
+            }
+            if buf.len() > libc::PATH_MAX as usize {
+                return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+            }
+            buf.resize(buf.len() * 4, 0);
+        }
+    }
+
+    /// This directory itself through `/proc/self/fd` (its extended attributes: an `O_PATH`
+    /// descriptor has no `fgetxattr`).
+    pub fn own_proc_path(&self) -> PathBuf {
+        proc_fd(self.fd.as_raw_fd())
+    }
+
     /// A path naming `name` in this directory through `/proc/self/fd`, for the few calls with
     /// no `*at` form (extended attributes, `realpath`). It resolves from this very directory
     /// whatever its path is now, and stays short however deep the directory lies.
