@@ -255,8 +255,8 @@ fn head_and_refusals_of_a_tar_download() {
         ))
         .assert_error(
             400,
-            "format 'zip' is not supported: sandboxd streams tar only (format=tar, with \
-             Accept-Encoding: gzip to compress it)",
+            "format 'zip' is not supported: only tar archives are (format=tar; \
+             gzip-compressed with Accept-Encoding or Content-Encoding)",
         );
     daemon
         .get(&format!(
@@ -368,4 +368,391 @@ fn stalled_tar_readers_hold_no_worker_and_little_memory() {
     assert_eq!(listing(&archive).len(), 4);
     drop(stalled);
     assert_health_within(&daemon, Duration::from_secs(1));
+}
+
+// ---- uploads (SPEC §8a) ----
+
+/// Every entry under `dir` (not following links): its relative name, kind and mode, and its
+/// bytes or link target. Two equal snapshots: nothing changed.
+fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let data = if meta.is_dir() {
+                stack.push(path.clone());
+                Vec::new()
+            } else if meta.file_type().is_symlink() {
+                fs::read_link(&path)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if meta.is_file() {
+                fs::read(&path).unwrap()
+            } else {
+                Vec::new()
+            };
+            out.push((rel, meta.mode(), data));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn upload_tar(
+    daemon: &Daemon,
+    method: &str,
+    dir: &Path,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut all = vec![("X-Access-Token", TOKEN)];
+    all.extend_from_slice(headers);
+    daemon.call_with(method, &tar_target(dir), &all, body)
+}
+
+/// A ustar header block for `name` of type `flag`, `size` bytes of data, linking to `link`.
+fn ustar(name: &str, flag: u8, size: u64, link: &str) -> Vec<u8> {
+    let mut b = vec![0u8; 512];
+    b[..name.len()].copy_from_slice(name.as_bytes());
+    b[100..108].copy_from_slice(b"0000644\0");
+    b[108..116].copy_from_slice(b"0000000\0");
+    b[116..124].copy_from_slice(b"0000000\0");
+    b[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+    b[136..148].copy_from_slice(b"14524770400\0");
+    b[156] = flag;
+    b[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    b[257..265].copy_from_slice(b"ustar\x0000");
+    b[148..156].fill(b' ');
+    let sum: u32 = b.iter().map(|&x| u32::from(x)).sum();
+    b[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    b
+}
+
+/// An archive of `(name, type, data, link)` members, with its end blocks.
+pub fn archive(members: &[(&str, u8, &[u8], &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, flag, data, link) in members {
+        out.extend_from_slice(&ustar(name, *flag, data.len() as u64, link));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
+/// A pax extended header giving the next member these records.
+fn pax(records: &[(&str, &str)]) -> Vec<u8> {
+    let mut data = String::new();
+    for (key, value) in records {
+        let rest = key.len() + value.len() + 3;
+        let mut len = rest + 1;
+        while len != rest + len.to_string().len() {
+            len = rest + len.to_string().len();
+        }
+        data.push_str(&format!("{len} {key}={value}\n"));
+    }
+    let mut out = ustar("pax", b'x', data.len() as u64, "");
+    out.extend_from_slice(data.as_bytes());
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out
+}
+
+#[test]
+fn a_downloaded_tree_uploads_back_byte_for_byte_owned_by_the_user() {
+    if !have("tar") || !have("diff") {
+        return;
+    }
+    let daemon = builder().arg("--default-user").arg("user").start();
+    let root = daemon.home().join("tree");
+    let outside = daemon.dir.path().join("outside");
+    write_file(&outside.join("secret"), b"not in the archive");
+    sample_tree(&root, &outside);
+    fs::remove_file(root.join("fifo")).unwrap();
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["-hR", &format!("{USER_UID}:{USER_GID}")])
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let (_, first) = download(&daemon, &root, "");
+    // Into a new directory (made), then into it again (over what is there: the same).
+    let copy = daemon.home().join("new/copy");
+    for round in 0..2 {
+        let reply = upload_tar(&daemon, "POST", &copy, &[], &first);
+        assert_eq!(reply.status, 200, "round {round}: {}", reply.text());
+        let paths: Vec<String> = reply
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["path"].as_str().unwrap().to_string())
+            .collect();
+        let long = "n".repeat(140);
+        assert_eq!(
+            paths,
+            [
+                copy.join("a.txt"),
+                copy.join("deep/a/b").join(&long),
+                copy.join("sub/big.bin"),
+                copy.join("sub/zero"),
+            ]
+            .map(|p| p.to_string_lossy().into_owned())
+        );
+        assert_same_tree(&root, &copy);
+        let (_, again) = download(&daemon, &copy, "");
+        assert!(again == first, "round {round}: the archives differ");
+        assert!(temporaries(&copy).is_empty() && temporaries(copy.parent().unwrap()).is_empty());
+    }
+    if is_root() {
+        for path in ["", "a.txt", "sub", "sub/link", "deep/a/b"] {
+            let meta = fs::symlink_metadata(copy.join(path)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (USER_UID, USER_GID), "{path}");
+        }
+    }
+    assert_eq!(
+        xattr::get(copy.join("a.txt"), "user.e2b.owner").unwrap(),
+        Some(b"alice".to_vec())
+    );
+    // The new directory's parent was made for the user, as an upload's parents are.
+    assert_eq!(
+        fs::metadata(daemon.home().join("new")).unwrap().mode() & 0o7777,
+        0o755
+    );
+}
+
+#[test]
+fn a_gnu_tar_archive_uploads_gzipped_by_put_and_a_signed_url() {
+    if !have("tar") || !have("diff") {
+        return;
+    }
+    let daemon = builder().arg("--default-user").arg("user").start();
+    let src = daemon.dir.path().join("src");
+    fs::create_dir_all(src.join("empty")).unwrap();
+    // GNU tar's own format: a name over 100 bytes goes in a long-name ('L') member.
+    let long = "l".repeat(180);
+    write_file(&src.join("d").join(&long), b"long");
+    write_file(&src.join("d/small"), &noise(70_000));
+    symlink("small", src.join("d/to-small")).unwrap();
+    let output = Command::new("tar")
+        .args(["--format=gnu", "-czf", "-", "-C"])
+        .arg(&src)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let dest = daemon.home().join("gz");
+    let reply = upload_tar(
+        &daemon,
+        "PUT",
+        &dest,
+        &[("Content-Encoding", "gzip")],
+        &output.stdout,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_same_tree(&src, &dest);
+    // A signed write URL, no token.
+    let target = daemon.sign(
+        "signed",
+        &[
+            "--username",
+            "user",
+            "--operation",
+            "write",
+            "--format",
+            "tar",
+        ],
+    );
+    let plain = Command::new("tar")
+        .args(["-cf", "-", "-C"])
+        .arg(&src)
+        .arg(".")
+        .output()
+        .unwrap();
+    let reply = daemon.call_with("PUT", &target, &[], &plain.stdout);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_same_tree(&src, &daemon.home().join("signed"));
+    // A read signature is no way to write.
+    let read = daemon.sign("other", &["--username", "user", "--format", "tar"]);
+    daemon
+        .call_with("PUT", &read, &[], &plain.stdout)
+        .assert_error(401, "invalid signature");
+    assert!(!daemon.home().join("other").exists());
+}
+
+#[test]
+fn every_refused_archive_answers_its_error_and_changes_nothing() {
+    let daemon = builder().arg("--default-user").arg("user").start();
+    let dest = daemon.home().join("dest");
+    write_file(&dest.join("keep.txt"), b"kept");
+    fs::create_dir_all(dest.join("sub")).unwrap();
+    let outside = daemon.dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    symlink(&outside, dest.join("out")).unwrap();
+    let shown = dest.display().to_string();
+    let long = "n".repeat(256);
+    let long_pax = [
+        pax(&[("path", &long)]),
+        archive(&[("x", b'0', &b"x"[..], "")]),
+    ]
+    .concat();
+    let mut big = pax(&[("size", &(17u64 << 30).to_string())]);
+    big.extend_from_slice(&ustar("huge", b'0', 0, ""));
+    big.resize(big.len() + 1024, 0);
+    let mut bad_sum = archive(&[("a", b'0', &b"a"[..], "")]);
+    bad_sum[0] = b'b';
+    let truncated = archive(&[("a", b'0', &b"abc"[..], "")])[..1024].to_vec();
+    let cases: Vec<(Vec<u8>, String)> = vec![
+        (archive(&[("ok", b'0', &b"fine"[..], ""), ("/etc/evil", b'0', &b"x"[..], "")]),
+            "member '/etc/evil' has an absolute name".into()),
+        (archive(&[("a/../../evil", b'0', &b"x"[..], "")]),
+            "member 'a/../../evil' has a '..' component".into()),
+        (archive(&[("l", b'2', &b""[..], "elsewhere"), ("l/x", b'0', &b"x"[..], "")]),
+            "member 'l/x' needs 'l' to be a directory, but the archive made it a symbolic link".into()),
+        (archive(&[("out/x", b'0', &b"x"[..], "")]),
+            format!("member 'out/x' passes through '{shown}/out', a symbolic link")),
+        (archive(&[("h", b'1', &b""[..], "/etc/passwd")]),
+            "hard link 'h' names '/etc/passwd', which is not a file earlier in the archive".into()),
+        (archive(&[("h", b'1', &b""[..], "keep.txt")]),
+            "hard link 'h' names 'keep.txt', which is not a file earlier in the archive".into()),
+        (archive(&[("dev", b'3', &b""[..], "")]),
+            "member 'dev' is a device or FIFO (type '3'): only files, directories and links are unpacked".into()),
+        (archive(&[("fifo", b'6', &b""[..], "")]),
+            "member 'fifo' is a device or FIFO (type '6'): only files, directories and links are unpacked".into()),
+        (archive(&[("sparse", b'S', &b""[..], "")]),
+            "member 'sparse' has type 'S', which sandboxd does not unpack".into()),
+        (long_pax, format!("member '{long}' has a component over 255 bytes")),
+        (archive(&[("sub", b'0', &b"x"[..], "")]),
+            format!("member 'sub' is not a directory, but '{shown}/sub' is one")),
+        (archive(&[("twice", b'0', &b"1"[..], ""), ("twice", b'0', &b"2"[..], "")]),
+            "member 'twice' appears twice in the archive".into()),
+        (big, "the archive's files take more than 17179869184 bytes".into()),
+        (bad_sum, "invalid tar archive: the header at byte 0 has a wrong checksum".into()),
+        (truncated, "invalid tar archive: the archive ends before its end-of-archive block".into()),
+    ];
+    let before = snapshot(&dest);
+    let parent_before = snapshot(&daemon.home());
+    for (body, message) in &cases {
+        upload_tar(&daemon, "POST", &dest, &[], body).assert_error(400, message);
+        assert_eq!(snapshot(&dest), before, "{message}");
+        assert!(temporaries(&dest).is_empty(), "{message}");
+    }
+    assert!(snapshot(&outside).is_empty());
+    // Into a directory that does not exist: refused, and it still does not.
+    let new = daemon.home().join("never");
+    upload_tar(&daemon, "POST", &new, &[], &cases[0].0).assert_error(400, &cases[0].1);
+    assert_eq!(snapshot(&daemon.home()), parent_before);
+    // The head's refusals, before any byte is read.
+    upload_tar(
+        &daemon,
+        "POST",
+        &dest,
+        &[("Content-Type", "multipart/form-data; boundary=x")],
+        b"x",
+    )
+    .assert_error(
+        400,
+        "a tar upload's body is the archive itself: send it raw, not as multipart/form-data",
+    );
+    upload_tar(&daemon, "POST", &dest, &[("X-Metadata-Owner", "a")], b"x").assert_error(
+        400,
+        "X-Metadata-* headers are not taken with format=tar: each member's metadata is its \
+         SCHILY.xattr.user.e2b.* records",
+    );
+    let file = dest.join("keep.txt");
+    upload_tar(&daemon, "POST", &file, &[], &cases[0].0).assert_error(
+        400,
+        &format!("path '{}' is not a directory", file.display()),
+    );
+    daemon
+        .call_with(
+            "POST",
+            "/files?format=tar",
+            &[("X-Access-Token", TOKEN)],
+            b"x",
+        )
+        .assert_error(400, "the path query parameter is required with format=tar");
+    daemon
+        .call_with(
+            "POST",
+            "/files?path=dest&format=zip",
+            &[("X-Access-Token", TOKEN)],
+            b"x",
+        )
+        .assert_error(
+            400,
+            "format 'zip' is not supported: only tar archives are (format=tar; \
+             gzip-compressed with Accept-Encoding or Content-Encoding)",
+        );
+    assert_eq!(snapshot(&dest), before);
+}
+
+#[test]
+fn more_than_the_members_allowed_is_refused() {
+    let daemon = start();
+    let dest = daemon.dir.path().join("dest");
+    // 100,001 members: the same directory again and again (cheap to make).
+    let mut body = Vec::with_capacity(100_002 * 512);
+    let header = ustar("d/", b'5', 0, "");
+    for _ in 0..100_001 {
+        body.extend_from_slice(&header);
+    }
+    body.resize(body.len() + 1024, 0);
+    upload_tar(&daemon, "POST", &dest, &[], &body)
+        .assert_error(400, "the archive has more than 100000 members");
+    assert!(!dest.exists());
+    assert!(temporaries(daemon.dir.path()).is_empty());
+}
+
+#[test]
+fn a_connection_cut_mid_upload_leaves_nothing() {
+    let daemon = builder().arg("--default-user").arg("user").start();
+    let home = daemon.home();
+    write_file(&home.join("existing/keep"), b"kept");
+    let data = noise(4 * MIB);
+    let body = archive(&[
+        ("a.bin", b'0', &data, ""),
+        ("new/b.bin", b'0', &data, ""),
+        ("keep", b'0', &b"replaced"[..], ""),
+        ("c.bin", b'0', &data, ""),
+    ]);
+    for dest in [home.join("existing"), home.join("fresh")] {
+        let before = snapshot(&home);
+        let mut stream = daemon.connect();
+        write!(
+            stream,
+            "POST {} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+            tar_target(&dest),
+            body.len()
+        )
+        .unwrap();
+        // All but the last member's data and the end blocks.
+        let cut = body.len() - MIB - 1024;
+        stream.write_all(&body[..cut]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while snapshot(&home).len() == before.len() {
+            assert!(std::time::Instant::now() < deadline, "nothing was staged");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(stream);
+        while snapshot(&home) != before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                snapshot(&home).iter().map(|e| &e.0).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert_eq!(fs::read(home.join("existing/keep")).unwrap(), b"kept");
+    assert!(!home.join("fresh").exists());
 }

@@ -12,8 +12,6 @@
 //! costs a few KiB of binary where the crate costs tens.
 
 pub mod header;
-// Read by the fuzz target now and by the upload of archives next.
-#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
 pub mod reader;
 
 /// A tar block: every header and every member's data padding is a multiple of it.
@@ -21,7 +19,6 @@ pub const BLOCK: usize = 512;
 
 /// The kinds of member sandboxd writes and reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
 pub enum Kind {
     File,
     Dir,

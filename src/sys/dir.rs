@@ -397,6 +397,89 @@ impl Dir {
         }
     }
 
+    /// Creates the symlink `name` here pointing to `target` (never following anything);
+    /// `EEXIST` if the name is taken.
+    pub fn symlink(&self, target: &[u8], name: &OsStr) -> io::Result<()> {
+        let name = c_name(name)?;
+        let target =
+            CString::new(target).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: both strings are NUL-terminated and alive for the call; `self.fd` is open.
+        check(unsafe { libc::symlinkat(target.as_ptr(), self.fd.as_raw_fd(), name.as_ptr()) })?;
+        Ok(())
+    }
+
+    /// Sets the owner of `name` here without following a symlink there (a link itself).
+    pub fn chown_at(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
+        let name = c_name(name)?;
+        // SAFETY: `name` is NUL-terminated and alive for the call; `self.fd` is open.
+        check(unsafe {
+            libc::fchownat(
+                self.fd.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Sets times of `name` here to `mtime` (seconds, nanoseconds), not following a symlink
+    /// there: the access and modification times ([`Touch::Times`], an attribute change to
+    /// inotify), or the modification time alone ([`Touch::Modified`], a modification).
+    pub fn set_mtime_at(&self, name: &OsStr, mtime: (i64, u32), what: Touch) -> io::Result<()> {
+        let name = c_name(name)?;
+        let time = libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: i64::from(mtime.1),
+        };
+        let access = match what {
+            Touch::Times => time,
+            Touch::Modified => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+        };
+        let times = [access, time];
+        // SAFETY: `name` is NUL-terminated and `times` two timespecs, alive for the call,
+        // which only reads them.
+        check(unsafe {
+            libc::utimensat(
+                self.fd.as_raw_fd(),
+                name.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Renames `name` here to `to_name` in `to` only if `to_name` is free (`EEXIST` if not):
+    /// `renameat2` with `RENAME_NOREPLACE`.
+    pub fn rename_new(&self, name: &OsStr, to: &Dir, to_name: &OsStr) -> io::Result<()> {
+        let (name, to_name) = (c_name(name)?, c_name(to_name)?);
+        // SAFETY: both names are NUL-terminated and alive; both descriptors are open.
+        check(unsafe {
+            libc::renameat2(
+                self.fd.as_raw_fd(),
+                name.as_ptr(),
+                to.fd.as_raw_fd(),
+                to_name.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// `syncfs`: every change to the filesystem this directory is on made durable, in one call
+    /// (an archive's thousands of files cost one journal commit, not one `fsync` each).
+    pub fn sync_filesystem(&self) -> io::Result<()> {
+        let readable = self.openat(c".", READ_FLAGS, 0)?;
+        // SAFETY: plain call on a descriptor open for the call.
+        check(unsafe { libc::syncfs(readable.as_raw_fd()) })?;
+        Ok(())
+    }
+
     /// This directory itself through `/proc/self/fd` (its extended attributes: an `O_PATH`
     /// descriptor has no `fgetxattr`).
     pub fn own_proc_path(&self) -> PathBuf {

@@ -31,8 +31,8 @@ pub fn format(value: Option<&str>) -> Result<Option<Format>, ApiError> {
         None | Some("") => Ok(None),
         Some("tar") => Ok(Some(Format::Tar)),
         Some("zip") => Err(ApiError::bad_request(
-            "format 'zip' is not supported: sandboxd streams tar only (format=tar, with \
-             Accept-Encoding: gzip to compress it)",
+            "format 'zip' is not supported: only tar archives are (format=tar; \
+             gzip-compressed with Accept-Encoding or Content-Encoding)",
         )),
         Some(other) => Err(ApiError::bad_request(format!(
             "unknown format '{other}': the only archive format is tar"
@@ -136,8 +136,8 @@ mod tests {
         assert_eq!(format(Some("tar")), Ok(Some(Format::Tar)));
         assert_eq!(
             format(Some("zip")).unwrap_err().message,
-            "format 'zip' is not supported: sandboxd streams tar only (format=tar, with \
-             Accept-Encoding: gzip to compress it)"
+            "format 'zip' is not supported: only tar archives are (format=tar; \
+             gzip-compressed with Accept-Encoding or Content-Encoding)"
         );
         assert_eq!(
             format(Some("TAR")),

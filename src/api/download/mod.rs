@@ -22,7 +22,7 @@
 //! - `X-Content-Type-Options: nosniff` goes with every file, so a browser never runs a
 //!   `.txt` as HTML.
 
-mod archive;
+pub(crate) mod archive;
 pub(crate) mod conditional;
 pub(crate) mod encoding;
 mod gzip;

@@ -51,6 +51,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::as_user::AsUserSink;
+use super::download;
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
@@ -61,6 +62,7 @@ use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
 use crate::http::{Action, BodySink, Head, Response};
 
+mod archive;
 pub mod gzip;
 pub mod inflating;
 
@@ -81,13 +83,29 @@ const METADATA_HEADER: &[u8] = b"x-metadata-";
 
 /// Starts `POST /files` or `PUT /files` from its head.
 ///
-/// Order of checks: query decoding (400), access (401), `Content-Encoding` (415),
-/// `Content-Type` (400), user (401), metadata (400), path (400); then the body.
+/// Order of checks: query decoding (400), access (401), `format` (400), `Content-Encoding`
+/// (415), then for an archive `archive::sink`'s; else `Content-Type` (400), user (401),
+/// metadata (400), path (400); then the body.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
     app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
+    let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
+    if tar {
+        let resolver = app.resolver(query.get("username"))?;
+        let identity = app.identity(&resolver.user);
+        let sink = {
+            let _as_user = identity.as_ref().map(|who| who.enter()).transpose()?;
+            archive::sink(head, raw_path, &resolver)?
+        };
+        let sink: Box<dyn BodySink> = if gzip {
+            Box::new(Inflating::new(sink))
+        } else {
+            sink
+        };
+        return Ok(Action::Consume(AsUserSink::wrap(identity, sink)));
+    }
     let kind = if head.method() == "PUT" {
         Kind::Raw
     } else {
