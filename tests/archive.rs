@@ -378,9 +378,16 @@ fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(at) = stack.pop() {
-        for entry in fs::read_dir(&at).unwrap().flatten() {
+        // Entries may vanish meanwhile (a cut upload being undone): skipped, and the callers
+        // that wait for a state take snapshots until it comes.
+        let Ok(entries) = fs::read_dir(&at) else {
+            continue;
+        };
+        for entry in entries.flatten() {
             let path = entry.path();
-            let meta = fs::symlink_metadata(&path).unwrap();
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
             let rel = path
                 .strip_prefix(dir)
                 .unwrap()
@@ -391,11 +398,10 @@ fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
                 Vec::new()
             } else if meta.file_type().is_symlink() {
                 fs::read_link(&path)
-                    .unwrap()
-                    .into_os_string()
-                    .into_encoded_bytes()
+                    .map(|t| t.into_os_string().into_encoded_bytes())
+                    .unwrap_or_default()
             } else if meta.is_file() {
-                fs::read(&path).unwrap()
+                fs::read(&path).unwrap_or_default()
             } else {
                 Vec::new()
             };

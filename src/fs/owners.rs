@@ -47,6 +47,8 @@ impl Owners {
     /// The names from the passwd file and the group file beside it, parsed again only when
     /// either changed; a file that cannot be read names nobody (every id is then shown as its
     /// number).
+    // Called from several handlers: one copy in the binary, not one inlined into each.
+    #[inline(never)]
     pub fn current(passwd_file: &Path) -> Arc<Owners> {
         let group_file = passwd_file.with_file_name("group");
         let (passwd, group) = (version(passwd_file), version(&group_file));

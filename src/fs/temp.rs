@@ -148,6 +148,8 @@ static SWEEPER: OnceLock<Option<Mutex<Sweeper>>> = OnceLock::new();
 /// `O_TMPFILE`, a finished multipart part, or the instant between a link and a rename) is thus
 /// removed shortly after a later sandboxd first writes into that directory. Without `/proc`
 /// (nothing can be judged stale) or when the thread cannot start, it does nothing.
+// Called from several handlers: one copy in the binary, not one inlined into each.
+#[inline(never)]
 pub fn sweep_once(path: &Path, dir: &Dir) {
     let Some(sweeper) = SWEEPER.get_or_init(start_sweeper) else {
         return;

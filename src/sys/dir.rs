@@ -458,16 +458,22 @@ impl Dir {
     /// `renameat2` with `RENAME_NOREPLACE`.
     pub fn rename_new(&self, name: &OsStr, to: &Dir, to_name: &OsStr) -> io::Result<()> {
         let (name, to_name) = (c_name(name)?, c_name(to_name)?);
-        // SAFETY: both names are NUL-terminated and alive; both descriptors are open.
-        check(unsafe {
-            libc::renameat2(
+        // The raw system call: the musl this builds with has no `renameat2` wrapper.
+        // SAFETY: both names are NUL-terminated and alive; both descriptors are open; the
+        // arguments are those renameat2(2) takes, in its order.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
                 self.fd.as_raw_fd(),
                 name.as_ptr(),
                 to.fd.as_raw_fd(),
                 to_name.as_ptr(),
                 libc::RENAME_NOREPLACE,
             )
-        })?;
+        };
+        if ret == -1 {
+            return Err(io::Error::last_os_error());
+        }
         Ok(())
     }
 

@@ -43,7 +43,7 @@ use crate::archive::{padding, Kind, BLOCK};
 use crate::fs::as_user::Identity;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
-use crate::fs::walk::Descent;
+use crate::fs::walk::{sorted_names, Descent};
 use crate::http::stream::{self, SendError, StreamSender, StreamSource};
 use crate::sys::dir::{Dir, Stat};
 
@@ -106,13 +106,6 @@ struct TarJob {
     identity: Option<Identity>,
     owners: Arc<Owners>,
     shown: PathBuf,
-}
-
-fn sorted_names(dir: &Dir) -> io::Result<Vec<OsString>> {
-    let mut names = dir.names()?;
-    // The last is taken first: reversed, the walk goes in byte order.
-    names.sort_unstable_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
-    Ok(names)
 }
 
 impl TarJob {

@@ -110,14 +110,14 @@ impl Unpack {
     /// Existing directories that are members take the archive's times (only those: their
     /// mode, owner and metadata stay), deepest first, after everything was renamed into them.
     fn restore_existing_times(&mut self) -> Result<(), FsError> {
-        let mut dirs: Vec<(Vec<u8>, (i64, u32))> = self
-            .dirs
-            .iter()
-            .filter(|(_, node)| !node.new)
-            .filter_map(|(rel, node)| Some((rel.clone(), node.meta.as_ref()?.1)))
-            .collect();
-        dirs.sort_by_key(|(rel, _)| std::cmp::Reverse(depth(rel)));
-        for (rel, mtime) in dirs {
+        for rel in self.dir_order.clone().into_iter().rev() {
+            let Some(mtime) = self
+                .dir(&rel)
+                .filter(|node| !node.new)
+                .and_then(|node| Some(node.meta.as_ref()?.1))
+            else {
+                continue;
+            };
             let path = self.path_of(&rel);
             let fail = |e: io::Error| FsError::io(e, format!("setting up '{}'", path.display()));
             if rel.is_empty() {
@@ -139,14 +139,10 @@ impl Unpack {
     /// the archive's metadata and times, deepest first, so that nothing changes a directory
     /// after its time is set.
     fn restore_new_dirs(&mut self) -> Result<(), FsError> {
-        let mut new: Vec<Vec<u8>> = self
-            .dirs
-            .iter()
-            .filter(|(_, node)| node.new)
-            .map(|(rel, _)| rel.clone())
-            .collect();
-        new.sort_by_key(|rel| std::cmp::Reverse(depth(rel)));
-        for rel in new {
+        for rel in self.dir_order.clone().into_iter().rev() {
+            if !self.dir(&rel).is_some_and(|node| node.new) {
+                continue;
+            }
             let path = self.path_of(&rel);
             let fail = |e: io::Error| FsError::io(e, format!("setting up '{}'", path.display()));
             let (parent, on_disk): (Arc<Dir>, _) = match () {
@@ -158,7 +154,7 @@ impl Unpack {
                 },
                 _ => {
                     let (parent_rel, name) = split(&rel);
-                    let node = self.dirs.get(&rel);
+                    let node = self.dir(&rel);
                     let on_disk = match node.and_then(|n| n.temp.clone()) {
                         Some(temp) => temp,
                         None => os(name).to_os_string(),
@@ -169,7 +165,7 @@ impl Unpack {
             let file = parent
                 .open_file(&on_disk, libc::O_RDONLY | libc::O_DIRECTORY)
                 .map_err(fail)?;
-            let meta = self.dirs.get_mut(&rel).and_then(|node| node.meta.take());
+            let meta = self.dir_mut(&rel).and_then(|node| node.meta.take());
             let mode = meta.as_ref().map_or(DIR_MODE, |(mode, _, _)| mode & 0o1777);
             std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid)).map_err(fail)?;
             file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -190,15 +186,6 @@ fn split(rel: &[u8]) -> (&[u8], &[u8]) {
     match rel.iter().rposition(|&b| b == b'/') {
         Some(at) => (&rel[..at], &rel[at + 1..]),
         None => (&[], rel),
-    }
-}
-
-/// How deep the final path `rel` is (0 for the destination itself).
-fn depth(rel: &[u8]) -> usize {
-    if rel.is_empty() {
-        0
-    } else {
-        1 + rel.iter().filter(|&&b| b == b'/').count()
     }
 }
 

@@ -86,6 +86,12 @@ struct DirNode {
     meta: Option<(u32, (i64, u32), UserMetadata)>,
 }
 
+/// An entry of the tree.
+enum Node {
+    Dir(DirNode),
+    Made(Made),
+}
+
 /// A file or symlink made: where it is until placed.
 struct Made {
     parent: Vec<u8>,
@@ -130,8 +136,10 @@ pub struct Unpack {
     root: Arc<Dir>,
     /// The destination is new: its temporary name in `parent`, and its name.
     root_temp: Option<(OsString, OsString)>,
-    dirs: HashMap<Vec<u8>, DirNode>,
-    made: HashMap<Vec<u8>, Made>,
+    /// Every directory and every file or symlink of the tree, by final path.
+    nodes: HashMap<Vec<u8>, Node>,
+    /// The directories, each after its parent (so backwards, each before its parent).
+    dir_order: Vec<Vec<u8>>,
     placements: Vec<Placement>,
     /// Placements done by the commit (the rest are undone when dropped).
     placed: usize,
@@ -206,15 +214,13 @@ impl Unpack {
                 None,
             ),
         };
-        let mut dirs = HashMap::new();
-        dirs.insert(
-            Vec::new(),
-            DirNode {
-                new: root_temp.is_some(),
-                temp: None,
-                meta: None,
-            },
-        );
+        let mut nodes = HashMap::new();
+        let root_node = DirNode {
+            new: root_temp.is_some(),
+            temp: None,
+            meta: None,
+        };
+        nodes.insert(Vec::new(), Node::Dir(root_node));
         Ok(Unpack {
             dest: dest.to_path_buf(),
             uid,
@@ -222,8 +228,8 @@ impl Unpack {
             parent,
             root: Arc::new(root),
             root_temp,
-            dirs,
-            made: HashMap::new(),
+            nodes,
+            dir_order: vec![Vec::new()],
             placements: Vec::new(),
             placed: 0,
             open: None,
@@ -234,6 +240,27 @@ impl Unpack {
             written: Vec::new(),
             committed: false,
         })
+    }
+
+    fn dir(&self, rel: &[u8]) -> Option<&DirNode> {
+        match self.nodes.get(rel) {
+            Some(Node::Dir(dir)) => Some(dir),
+            _ => None,
+        }
+    }
+
+    fn dir_mut(&mut self, rel: &[u8]) -> Option<&mut DirNode> {
+        match self.nodes.get_mut(rel) {
+            Some(Node::Dir(dir)) => Some(dir),
+            _ => None,
+        }
+    }
+
+    fn made(&self, rel: &[u8]) -> Option<&Made> {
+        match self.nodes.get(rel) {
+            Some(Node::Made(made)) => Some(made),
+            _ => None,
+        }
     }
 
     fn path_of(&self, rel: &[u8]) -> PathBuf {
@@ -290,23 +317,23 @@ impl Unpack {
         };
         let rel = join(&parts);
         if let What::Dir = member.what {
-            if let Some(made) = self.made.get(&rel) {
+            if let Some(made) = self.made(&rel) {
                 return Err(self.not_a_dir(&shown, &rel, made.is_file));
             }
             self.ensure_dir(&parts, &shown)?;
-            if let Some(node) = self.dirs.get_mut(&rel) {
+            if let Some(node) = self.dir_mut(&rel) {
                 node.meta = Some((member.mode, member.mtime, member.metadata));
             }
             return Ok(());
         }
-        if self.dirs.contains_key(&rel) {
+        if self.dir(&rel).is_some() {
             return Err(refuse(format!(
                 "member '{shown}' is not a directory, but a directory of that name is in the \
                  archive or at '{}'",
                 self.path_of(&rel).display()
             )));
         }
-        if self.made.contains_key(&rel) {
+        if self.made(&rel).is_some() {
             return Err(refuse(format!(
                 "member '{shown}' appears twice in the archive"
             )));
@@ -316,7 +343,7 @@ impl Unpack {
         let name = os(last);
         let path = self.path_of(&rel);
         let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", path.display()));
-        let parent_new = self.dirs.get(&parent_rel).is_some_and(|node| node.new);
+        let parent_new = self.dir(&parent_rel).is_some_and(|node| node.new);
         let on_disk = if parent_new {
             name.to_os_string()
         } else {
@@ -392,8 +419,7 @@ impl Unpack {
                     names::components(target, base_len).map_err(|_| not_earlier())?;
                 let target_rel = join(&target_parts);
                 let made = self
-                    .made
-                    .get(&target_rel)
+                    .made(&target_rel)
                     .filter(|made| made.is_file)
                     .ok_or_else(not_earlier)?;
                 let (from_parent, from_name) = (made.parent.clone(), made.on_disk.clone());
@@ -427,17 +453,15 @@ impl Unpack {
         is_file: bool,
         parent_new: bool,
     ) {
-        if self.made.contains_key(rel) {
+        if self.nodes.contains_key(rel) {
             return;
         }
-        self.made.insert(
-            rel.to_vec(),
-            Made {
-                parent: parent.to_vec(),
-                on_disk: on_disk.to_os_string(),
-                is_file,
-            },
-        );
+        let made = Made {
+            parent: parent.to_vec(),
+            on_disk: on_disk.to_os_string(),
+            is_file,
+        };
+        self.nodes.insert(rel.to_vec(), Node::Made(made));
         if !parent_new {
             self.placements.push(Placement::Entry {
                 parent: parent.to_vec(),
@@ -501,7 +525,7 @@ impl Unpack {
                     prefix.push(b'/');
                 }
                 prefix.extend_from_slice(part);
-                let on_disk = match self.dirs.get(&prefix).and_then(|n| n.temp.as_ref()) {
+                let on_disk = match self.dir(&prefix).and_then(|n| n.temp.as_ref()) {
                     Some(temp) => temp.clone(),
                     None => os(part).to_os_string(),
                 };
@@ -522,14 +546,14 @@ impl Unpack {
     fn ensure_dir(&mut self, parts: &[&[u8]], shown: &str) -> Result<Vec<u8>, FsError> {
         for i in 0..parts.len() {
             let rel = join(&parts[..=i]);
-            if self.dirs.contains_key(&rel) {
+            if self.dir(&rel).is_some() {
                 continue;
             }
-            if let Some(made) = self.made.get(&rel) {
+            if let Some(made) = self.made(&rel) {
                 return Err(self.not_a_dir(shown, &rel, made.is_file));
             }
             let parent_rel = join(&parts[..i]);
-            let parent_new = self.dirs.get(&parent_rel).is_some_and(|n| n.new);
+            let parent_new = self.dir(&parent_rel).is_some_and(|n| n.new);
             let dir = self.dir_at(&parent_rel)?;
             let name = os(parts[i]);
             let path = self.path_of(&rel);
@@ -578,7 +602,8 @@ impl Unpack {
                     Err(e) => return Err(fail(e)),
                 }
             };
-            self.dirs.insert(rel, node);
+            self.dir_order.push(rel.clone());
+            self.nodes.insert(rel, Node::Dir(node));
         }
         Ok(join(parts))
     }
