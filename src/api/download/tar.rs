@@ -118,7 +118,11 @@ impl TarJob {
         sender: StreamSender,
     ) -> io::Result<TarJob> {
         let names = {
-            let _as_user = identity.as_ref().map(Identity::enter).transpose();
+            let _as_user = identity
+                .as_ref()
+                .map(Identity::enter)
+                .transpose()
+                .map_err(|e| io::Error::other(format!("acting as the user: {e}")))?;
             sorted_names(&top)?
         };
         Ok(TarJob {

@@ -84,8 +84,8 @@ const METADATA_HEADER: &[u8] = b"x-metadata-";
 /// Starts `POST /files` or `PUT /files` from its head.
 ///
 /// Order of checks: query decoding (400), access (401), `format` (400), `Content-Encoding`
-/// (415), then for an archive `archive::sink`'s; else `Content-Type` (400), user (401),
-/// metadata (400), path (400); then the body.
+/// (415); for an archive the user (401), then `archive::sink`'s; else `Content-Type` (400),
+/// user (401), metadata (400), path (400); then the body.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
