@@ -374,7 +374,10 @@ impl Unpack {
                     parent_new,
                 );
                 std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid)).map_err(fail)?;
-                member.metadata.apply(&file, &path)?;
+                // A new file (O_EXCL) has no attributes to remove: nothing to do without any.
+                if !member.metadata.is_empty() {
+                    member.metadata.apply(&file, &path)?;
+                }
                 self.writing = Some(Writing {
                     file,
                     mode: member.mode,
