@@ -278,19 +278,25 @@ impl Dir {
 
     /// Sets times of `name` here (not following a symlink) to now, and nothing else.
     pub fn touch(&self, name: &OsStr, what: Touch) -> io::Result<()> {
-        let name = c_name(name)?;
         let now = libc::timespec {
             tv_sec: 0,
             tv_nsec: libc::UTIME_NOW,
         };
+        self.set_times_at(name, now, what)
+    }
+
+    /// `utimensat` of `name` here, not following a symlink: the modification time to `time`,
+    /// and the access time too for [`Touch::Times`].
+    fn set_times_at(&self, name: &OsStr, time: libc::timespec, what: Touch) -> io::Result<()> {
+        let name = c_name(name)?;
         let access = match what {
-            Touch::Times => now,
+            Touch::Times => time,
             Touch::Modified => libc::timespec {
                 tv_sec: 0,
                 tv_nsec: libc::UTIME_OMIT,
             },
         };
-        let times = [access, now];
+        let times = [access, time];
         // SAFETY: `name` is NUL-terminated and `times` an array of two timespecs, both alive
         // for the call, which only reads them.
         check(unsafe {
@@ -428,30 +434,11 @@ impl Dir {
     /// there: the access and modification times ([`Touch::Times`], an attribute change to
     /// inotify), or the modification time alone ([`Touch::Modified`], a modification).
     pub fn set_mtime_at(&self, name: &OsStr, mtime: (i64, u32), what: Touch) -> io::Result<()> {
-        let name = c_name(name)?;
         let time = libc::timespec {
             tv_sec: mtime.0,
             tv_nsec: i64::from(mtime.1),
         };
-        let access = match what {
-            Touch::Times => time,
-            Touch::Modified => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-        };
-        let times = [access, time];
-        // SAFETY: `name` is NUL-terminated and `times` two timespecs, alive for the call,
-        // which only reads them.
-        check(unsafe {
-            libc::utimensat(
-                self.fd.as_raw_fd(),
-                name.as_ptr(),
-                times.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })?;
-        Ok(())
+        self.set_times_at(name, time, what)
     }
 
     /// Renames `name` here to `to_name` in `to` only if `to_name` is free (`EEXIST` if not):

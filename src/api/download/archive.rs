@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use super::encoding::{Accept, Coding};
-use super::{gzip, headers, joined, open_error, tar, VARY};
+use super::{gzip, headers, joined, not_acceptable, open_error, tar, VARY};
 use crate::app::{App, Resolver};
 use crate::error::ApiError;
 use crate::fs::owners::Owners;
@@ -54,17 +54,9 @@ pub fn respond(
     };
     let accept_header = joined(head, "accept-encoding");
     let accept = Accept::parse(accept_header.as_deref().map(str::as_bytes));
-    let coding = accept.choose(true).ok_or_else(|| {
-        ApiError::new(
-            406,
-            format!(
-                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
-                 codings sandboxd sends, gzip and identity",
-                dir.display(),
-                accept_header.unwrap_or_default()
-            ),
-        )
-    })?;
+    let coding = accept
+        .choose(true)
+        .ok_or_else(|| not_acceptable(dir, accept_header.as_deref()))?;
     let is_get = head.method() == "GET";
     let slot = if is_get {
         Some(gzip::Slot::take().ok_or_else(|| {

@@ -154,17 +154,8 @@ fn respond(
     let is_get = head.method() == "GET";
     let accept_header = joined(head, "accept-encoding");
     let accept = Accept::parse(accept_header.as_deref().map(str::as_bytes));
-    let coding = choose_coding(head, &accept, is_get, size, content_type).ok_or_else(|| {
-        ApiError::new(
-            406,
-            format!(
-                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
-                 codings sandboxd sends, gzip and identity",
-                path.display(),
-                accept_header.unwrap_or_default()
-            ),
-        )
-    })?;
+    let coding = choose_coding(head, &accept, is_get, size, content_type)
+        .ok_or_else(|| not_acceptable(path, accept_header.as_deref()))?;
     let etag_of = |coding| match coding {
         Coding::Identity => etag.clone(),
         Coding::Gzip => gzip_etag.clone(),
@@ -256,6 +247,19 @@ fn respond(
         response = response.with_header("Content-Range", format!("bytes {offset}-{end}/{size}"));
     }
     Ok(response)
+}
+
+/// 406: `Accept-Encoding` (`header`) refuses both codings of `path`'s answer.
+fn not_acceptable(path: &Path, header: Option<&str>) -> ApiError {
+    ApiError::new(
+        406,
+        format!(
+            "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both codings \
+             sandboxd sends, gzip and identity",
+            path.display(),
+            header.unwrap_or_default()
+        ),
+    )
 }
 
 /// Every answer that describes the file depends on `Accept-Encoding` (`identity;q=0` gets even a
