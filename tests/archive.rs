@@ -762,3 +762,37 @@ fn a_connection_cut_mid_upload_leaves_nothing() {
     assert_eq!(fs::read(home.join("existing/keep")).unwrap(), b"kept");
     assert!(!home.join("fresh").exists());
 }
+
+#[test]
+fn past_the_bound_on_streamed_downloads_an_archive_is_503() {
+    let daemon = start();
+    let root = daemon.dir.path().join("tree");
+    // More than the socket buffers take: each stalled answer stays unfinished.
+    write_file(&root.join("n.bin"), &noise(16 * MIB));
+    // `api::download::gzip::MAX_DOWNLOADS` places, shared with the compressed downloads.
+    let held: Vec<_> = (0..32)
+        .map(|_| {
+            let (reader, head) = start_gzip_download(&daemon, &tar_target(&root), "identity");
+            assert_eq!(head.status, 200);
+            reader
+        })
+        .collect();
+    let message = "too many streamed downloads under way (at most 32): try again later";
+    daemon.get(&tar_target(&root)).assert_error(503, message);
+    let head = daemon.call("HEAD", &tar_target(&root), b"");
+    assert_eq!(head.status, 503);
+    drop(held);
+    // The places come back as the connections close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = daemon.call("HEAD", &tar_target(&root), b"");
+        if reply.status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the places never came back"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

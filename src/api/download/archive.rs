@@ -57,20 +57,20 @@ pub fn respond(
     let coding = accept
         .choose(true)
         .ok_or_else(|| not_acceptable(dir, accept_header.as_deref()))?;
-    let is_get = head.method() == "GET";
-    let slot = if is_get {
-        Some(gzip::Slot::take().ok_or_else(|| {
-            ApiError::new(
-                503,
-                format!(
-                    "too many streamed downloads under way (at most {}): try again later",
-                    gzip::MAX_DOWNLOADS
-                ),
-            )
-        })?)
-    } else {
-        None
+    // A GET takes one of the places; a HEAD says what a GET would get now.
+    let slot = match head.method() {
+        "GET" => gzip::Slot::take(),
+        _ => None,
     };
+    if slot.is_none() && (head.method() == "GET" || !gzip::Slot::available()) {
+        return Err(ApiError::new(
+            503,
+            format!(
+                "too many streamed downloads under way (at most {}): try again later",
+                gzip::MAX_DOWNLOADS
+            ),
+        ));
+    }
     let compress = coding == Coding::Gzip;
     let body = match slot {
         Some(slot) => {
