@@ -54,7 +54,7 @@ bench: build
 # Fuzzing with cargo-fuzz (libFuzzer). Stable Rust: RUSTC_BOOTSTRAP lets cargo-fuzz use the
 # sanitizer flags. FUZZ_SECONDS per target (default 60); findings land in fuzz/artifacts/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := connection head chunked query range_and_conditions json_bodies proc_and_cgroup multipart gzip connect_envelope connect_json connect_proto init_system_files platform_inputs
+FUZZ_TARGETS := connection head chunked query range_and_conditions json_bodies proc_and_cgroup multipart gzip connect_envelope connect_json connect_proto init_system_files platform_inputs tar
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@for target in $(FUZZ_TARGETS); do \

@@ -71,6 +71,7 @@ pub fn sign(request: &SignRequest) -> ExitCode {
         expiration,
         request.version,
     );
-    println!("{}/files?{query}", request.base_url);
+    let format = if request.tar { "&format=tar" } else { "" };
+    println!("{}/files?{query}{format}", request.base_url);
     ExitCode::SUCCESS
 }

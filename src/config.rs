@@ -72,6 +72,8 @@ pub struct SignRequest {
     pub version: u8,
     pub base_url: String,
     pub access_token_file: Option<PathBuf>,
+    /// `--format tar`: the URL asks for the directory's archive (SPEC §6a, §8a).
+    pub tar: bool,
 }
 
 // Parsed once at start and taken apart at once: the variants' sizes do not matter.
@@ -256,6 +258,7 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
         version: 2,
         base_url: "http://127.0.0.1:49983".into(),
         access_token_file: env(ACCESS_TOKEN_FILE.opt.env).map(PathBuf::from),
+        tar: false,
     };
     let mut path = None;
     let mut rest = args.iter();
@@ -283,6 +286,12 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
                 })?;
             }
             "--v1" => request.version = 1,
+            "--format" => {
+                request.tar = match value(arg)?.as_str() {
+                    "tar" => true,
+                    other => return Err(format!("--format must be tar, not '{other}'")),
+                }
+            }
             "--url" => request.base_url = value(arg)?.trim_end_matches('/').to_string(),
             "--access-token-file" => request.access_token_file = Some(PathBuf::from(value(arg)?)),
             other if other.starts_with("--") => {

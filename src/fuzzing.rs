@@ -386,3 +386,49 @@ pub fn platform_inputs(data: &[u8]) {
         }
     }
 }
+
+/// Tar archives: the reader never panics, and gives the same members, data and outcome whether
+/// the archive is fed whole or in pieces (the first byte picks the piece size).
+pub fn tar(data: &[u8]) {
+    let Some((&piece, archive)) = data.split_first() else {
+        return;
+    };
+    let whole = read_tar(archive, archive.len().max(1));
+    let split = read_tar(archive, usize::from(piece) + 1);
+    assert_eq!(whole, split);
+}
+
+/// Each member's header and data, and how the archive ended.
+type TarRead = (
+    Vec<(crate::archive::reader::Entry, Vec<u8>)>,
+    Result<(), crate::archive::reader::TarError>,
+);
+
+fn read_tar(archive: &[u8], piece: usize) -> TarRead {
+    use crate::archive::reader::{Event, Reader};
+    let mut reader = Reader::new();
+    let mut members: Vec<(crate::archive::reader::Entry, Vec<u8>)> = Vec::new();
+    for chunk in archive.chunks(piece) {
+        let mut at = 0;
+        loop {
+            let (used, event) = match reader.advance(&chunk[at..]) {
+                Ok(step) => step,
+                Err(e) => return (members, Err(e)),
+            };
+            assert!(used <= chunk.len() - at);
+            match event {
+                Event::Member(entry) => members.push((entry, Vec::new())),
+                Event::Data(range) => {
+                    let data = &chunk[at..][range];
+                    if let Some((_, body)) = members.last_mut() {
+                        body.extend_from_slice(data);
+                    }
+                }
+                Event::MemberEnd | Event::End => {}
+                Event::NeedMore => break,
+            }
+            at += used;
+        }
+    }
+    (members, reader.finish())
+}

@@ -9,6 +9,7 @@
 
 mod api;
 mod app;
+mod archive;
 mod auth;
 mod cli;
 mod config;

@@ -22,7 +22,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/upgrade", "POST"),
     ("/metrics", "GET, HEAD"),
     ("/files/compose", "POST"),
-    ("/files", "GET, HEAD, POST"),
+    ("/files", "GET, HEAD, POST, PUT"),
     ("/freeze", "POST"),
     ("/unfreeze", "POST"),
     ("/fsfreeze", "POST"),
@@ -86,7 +86,7 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             respond(api::envs::get(app)?)
         }
         ("/init", "POST") => api::init::begin(app, head),
-        ("/upgrade", "POST") => crate::upgrade::begin(app, head),
+        ("/upgrade", "POST") => api::fsfreeze::gated(app, head, crate::upgrade::begin),
         ("/metrics", "GET" | "HEAD") => {
             app.require_token(head)?;
             respond(api::metrics::get(app)?)
@@ -98,7 +98,7 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         ("/fsthaw", "POST") => respond(api::fsfreeze::post_fsthaw(app, head)?),
         ("/collapse", "POST") => respond(api::collapse::post(app, head)?),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
-        ("/files", "POST") => api::fsfreeze::gated(app, head, api::upload::begin),
+        ("/files", "POST" | "PUT") => api::fsfreeze::gated(app, head, api::upload::begin),
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {
             let method = service_method(path, api::filesystem::SERVICE).unwrap_or_default();
             Ok(api::filesystem::begin(app, head, method))

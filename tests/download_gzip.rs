@@ -70,7 +70,7 @@ fn text(len: usize) -> Vec<u8> {
 }
 
 /// Bytes that do not compress (for answers that must stay large on the wire).
-fn noise(len: usize) -> Vec<u8> {
+pub fn noise(len: usize) -> Vec<u8> {
     let mut rng = 0x2545_f491_4f6c_dd1d_u64;
     (0..len)
         .map(|_| {
@@ -83,7 +83,7 @@ fn noise(len: usize) -> Vec<u8> {
 }
 
 /// The data of a chunked body, and whether it ended with the last chunk.
-fn dechunk(mut body: &[u8]) -> (Vec<u8>, bool) {
+pub fn dechunk(mut body: &[u8]) -> (Vec<u8>, bool) {
     let mut data = Vec::new();
     loop {
         let Some(end) = body.windows(2).position(|w| w == b"\r\n") else {
@@ -107,7 +107,7 @@ fn dechunk(mut body: &[u8]) -> (Vec<u8>, bool) {
 
 /// The decoded bytes of a complete gzip stream (CRC and length checked by the decoder); panics
 /// on anything else, trailing bytes included.
-fn gunzip(gzip: &[u8]) -> Vec<u8> {
+pub fn gunzip(gzip: &[u8]) -> Vec<u8> {
     let mut decoder = GzDecoder::new(gzip);
     let mut out = Vec::new();
     decoder.read_to_end(&mut out).expect("a valid gzip stream");
@@ -575,7 +575,7 @@ fn an_http_1_0_client_gets_gzip_until_the_connection_closes() {
 }
 
 /// Sends a gzip GET of `target` and reads its head only; the body is left in the socket.
-fn start_gzip_download(
+pub fn start_gzip_download(
     daemon: &Daemon,
     target: &str,
     accept: &str,
@@ -592,14 +592,14 @@ fn start_gzip_download(
     (reader, head)
 }
 
-fn rest_of(reader: &mut BufReader<TcpStream>) -> Vec<u8> {
+pub fn rest_of(reader: &mut BufReader<TcpStream>) -> Vec<u8> {
     let mut body = Vec::new();
     let _ = reader.read_to_end(&mut body);
     body
 }
 
 /// Resident memory of `pid`, KiB.
-fn rss_kib(pid: i32) -> u64 {
+pub fn rss_kib(pid: i32) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()

@@ -517,3 +517,43 @@ fn a_directory_arriving_whole_reports_its_files_data_as_written() {
         .count();
     assert_eq!(empty_writes, 0, "an empty file holds no write: {seen:?}");
 }
+
+#[test]
+fn an_unpacked_archive_shows_as_uploads_of_each_of_its_files_and_directories() {
+    let daemon = start();
+    let dir = daemon.home().join("tree");
+    std::fs::create_dir_all(dir.join("old")).unwrap();
+    let mut watch = open_watch(&daemon, json!({"path": "tree", "recursive": true}), &[]);
+    assert_start(&mut watch);
+    let body = crate::archive::archive(&[
+        ("new/", b'5', &b""[..], ""),
+        ("new/a/x", b'0', &b"data"[..], ""),
+        ("old/f", b'0', &b"more"[..], ""),
+    ]);
+    let reply = daemon.call_with(
+        "POST",
+        "/files?path=tree&format=tar&username=user",
+        &[("X-Access-Token", TOKEN)],
+        &body,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let seen = events_until(
+        &mut watch,
+        &[
+            ("EVENT_TYPE_CREATE", "new"),
+            ("EVENT_TYPE_CREATE", "new/a"),
+            ("EVENT_TYPE_CREATE", "new/a/x"),
+            ("EVENT_TYPE_WRITE", "new/a/x"),
+            ("EVENT_TYPE_CREATE", "old/f"),
+            ("EVENT_TYPE_CHMOD", "old/f"),
+            ("EVENT_TYPE_WRITE", "old/f"),
+        ],
+    );
+    assert!(
+        seen.iter()
+            .all(|e| !e["name"].as_str().unwrap().contains(".sandboxd-")),
+        "{seen:?}"
+    );
+    // tree, old, new, new/a
+    wait_for_watches(&daemon, 4);
+}

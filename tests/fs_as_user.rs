@@ -619,3 +619,57 @@ fn a_worker_left_with_a_users_groups_starts_root_with_roots_groups() {
         assert_eq!(stat.status, 200, "{}", stat.text());
     }
 }
+
+#[test]
+fn archives_are_read_and_written_with_the_users_rights() {
+    if !root_or_fail() {
+        return;
+    }
+    let (daemon, locked) = start(true);
+    let target = |path: &Path, user: &str| {
+        format!(
+            "/files?path={}&format=tar&username={user}",
+            enc(&path.to_string_lossy())
+        )
+    };
+    // A directory the user may not list: refused before the answer.
+    let private = locked.join("private");
+    daemon.get(&target(&private, "user")).assert_error(
+        403,
+        &format!("permission denied reading '{}'", private.display()),
+    );
+    // A tree with a file the user may not read: the answer is cut (no last chunk) and the log
+    // says why; root reads it whole.
+    let reply = daemon.get(&target(&locked, "user"));
+    assert_eq!(reply.status, 200);
+    let (_, complete) = crate::download_gzip::dechunk(&reply.body);
+    assert!(!complete, "the user's archive of locked/ was not cut");
+    daemon.log_with(|l| l.contains("tar download of '") && l.contains("cut: "));
+    let reply = daemon.get(&target(&locked, "root"));
+    let (_, complete) = crate::download_gzip::dechunk(&reply.body);
+    assert!(complete, "root's archive of locked/ was cut");
+    // An upload as the user: made with the user's rights, owned by the user; into root's
+    // directory it is refused with nothing left.
+    let body = crate::archive::archive(&[("d/", b'5', &b""[..], ""), ("d/f", b'0', &b"x"[..], "")]);
+    let mine = daemon.home().join("mine");
+    let reply = daemon.call_with(
+        "PUT",
+        &target(&mine, "user"),
+        &[("X-Access-Token", TOKEN)],
+        &body,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    for path in ["", "d", "d/f"] {
+        let meta = fs::symlink_metadata(mine.join(path)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (USER_UID, USER_GID), "{path}");
+    }
+    let reply = daemon.call_with(
+        "PUT",
+        &target(&locked.join("new"), "user"),
+        &[("X-Access-Token", TOKEN)],
+        &body,
+    );
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    assert!(!locked.join("new").exists());
+    assert!(common::temporaries(&locked).is_empty());
+}

@@ -135,6 +135,10 @@ fn writes_are_refused_while_frozen_health_answers_and_all_succeed_after_the_thaw
     daemon
         .call("POST", "/files/compose", compose.to_string().as_bytes())
         .assert_error(503, FROZEN);
+    // A live upgrade writes its binary: refused from the head too (whatever else it lacks).
+    daemon
+        .call("POST", "/upgrade", b"")
+        .assert_error(503, FROZEN);
     let mkdir = json!({"path": image.mount.join("d").to_str().unwrap()});
     let reply = unary(&daemon, "filesystem.Filesystem/MakeDir", &[], &mkdir);
     assert_eq!(reply.status, 503, "{}", reply.text());

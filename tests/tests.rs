@@ -11,6 +11,8 @@ mod common;
 
 // Issue 25: the process cgroups (placement, no cgroup v2), /freeze and /unfreeze.
 mod cgroups;
+// Directory archives: tar downloads and uploads, gzip, signed URLs, refusals, cuts.
+mod archive;
 // POST /files/compose: order, deletion of the sources, validation, ownership, full disks, kills.
 mod compose;
 // Connect's gzip: compressed requests and messages, compressed answers, refused codings.
@@ -78,6 +80,8 @@ mod fsfreeze;
 mod upload;
 // Content-Encoding: gzip uploads.
 mod upload_gzip;
+// PUT /files: a raw body whatever its type (curl -T), as POST otherwise.
+mod upload_put;
 // X-Metadata-* headers as user.e2b.* attributes.
 mod upload_metadata;
 

@@ -79,7 +79,7 @@ fn records(reply: &Reply) -> serde_json::Value {
     reply.json()
 }
 
-fn record(path: &Path) -> serde_json::Value {
+pub fn record(path: &Path) -> serde_json::Value {
     json!({
         "path": path.to_string_lossy(),
         "name": path.file_name().unwrap().to_string_lossy(),
@@ -363,9 +363,9 @@ fn request_errors_in_order() {
     daemon
         .call_with("POST", "/files?path=a", &[("X-Access-Token", "nope")], b"x")
         .assert_error(401, "access token present in header but does not match");
-    let put = daemon.call("PUT", "/files?path=a", b"x");
-    assert_eq!(put.status, 405);
-    assert_eq!(put.header("allow"), Some("GET, HEAD, POST"));
+    let patch = daemon.call("PATCH", "/files?path=a", b"x");
+    assert_eq!(patch.status, 405);
+    assert_eq!(patch.header("allow"), Some("GET, HEAD, POST, PUT"));
     assert!(!home.join("a").exists() && !home.join("t").exists() && !home.join("g").exists());
     assert!(temporaries(&home).is_empty());
 }

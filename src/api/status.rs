@@ -36,7 +36,8 @@ fn fs_status(err: &FsError) -> u16 {
         | FsError::SourceNotRegular(_)
         | FsError::SourceIsDestination(_)
         | FsError::NoExtendedAttributes(_)
-        | FsError::MetadataTooLarge(_) => 400,
+        | FsError::MetadataTooLarge(_)
+        | FsError::ArchiveRefused(_) => 400,
         // envd's answer: a user who does not exist cannot be acted for.
         FsError::UnknownUser(_) => 401,
         FsError::SourceNotFound(_) => 404,
@@ -75,7 +76,8 @@ pub fn fs_code(err: &FsError) -> Code {
         | FsError::SourceNotRegular(_)
         | FsError::SourceIsDestination(_)
         | FsError::NoExtendedAttributes(_)
-        | FsError::MetadataTooLarge(_) => Code::InvalidArgument,
+        | FsError::MetadataTooLarge(_)
+        | FsError::ArchiveRefused(_) => Code::InvalidArgument,
         FsError::UnknownUser(_) => Code::Unauthenticated,
         FsError::SourceNotFound(_) => Code::NotFound,
         FsError::DiskFull => Code::ResourceExhausted,

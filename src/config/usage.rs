@@ -31,6 +31,7 @@ const TAIL: &str = "
 Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
   --username NAME   --operation read|write [read]   --expires-in SECS [3600]
   --v1 (envd-compatible signature)   --url BASE [http://127.0.0.1:49983]
+  --format tar (a directory's archive: download, or upload with --operation write)
 ";
 
 /// Help sentences are wrapped to this many columns, indented this far.

@@ -45,6 +45,9 @@ pub enum FsError {
     NoExtendedAttributes(PathBuf),
     /// User metadata too large for the destination's filesystem.
     MetadataTooLarge(PathBuf),
+    /// An archive to unpack that sandboxd refuses (a member's name, kind or link, a limit):
+    /// the sentence says which member and why.
+    ArchiveRefused(String),
     /// No space left on the device, or the user's quota exceeded.
     DiskFull,
     /// A path component longer than the filesystem allows (`ENAMETOOLONG`), met while doing
@@ -114,6 +117,7 @@ impl fmt::Display for FsError {
                 "invalid metadata: too large for the filesystem of '{}'",
                 path.display()
             ),
+            FsError::ArchiveRefused(why) => f.write_str(why),
             FsError::DiskFull => f.write_str(DISK_FULL),
             FsError::NameTooLong { what, source } | FsError::Io { what, source } => {
                 write!(f, "error {what}: {source}")

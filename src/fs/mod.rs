@@ -24,6 +24,7 @@ pub mod error;
 pub mod owners;
 pub mod paths;
 pub mod temp;
+pub mod unpack;
 pub mod user_metadata;
 pub mod users;
 pub mod walk;

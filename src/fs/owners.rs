@@ -47,6 +47,8 @@ impl Owners {
     /// The names from the passwd file and the group file beside it, parsed again only when
     /// either changed; a file that cannot be read names nobody (every id is then shown as its
     /// number).
+    // Called from several handlers: one copy in the binary, not one inlined into each.
+    #[inline(never)]
     pub fn current(passwd_file: &Path) -> Arc<Owners> {
         let group_file = passwd_file.with_file_name("group");
         let (passwd, group) = (version(passwd_file), version(&group_file));
@@ -85,6 +87,16 @@ impl Owners {
             .get(&uid)
             .cloned()
             .unwrap_or_else(|| uid.to_string())
+    }
+
+    /// The name of `uid`, if the passwd file has one (a tar header's `uname`).
+    pub fn user_name(&self, uid: u32) -> Option<&str> {
+        self.users.get(&uid).map(String::as_str)
+    }
+
+    /// The name of `gid`, if the group file has one.
+    pub fn group_name(&self, gid: u32) -> Option<&str> {
+        self.groups.get(&gid).map(String::as_str)
     }
 
     pub fn group(&self, gid: u32) -> String {

@@ -102,8 +102,10 @@ fn is_gone(pid: u32, start: u64) -> bool {
     }
 }
 
-/// Removes, in `dir`, the regular files named like sandboxd's temporaries whose process is gone
-/// (by name in that very directory, never following a symlink). Best effort: errors are ignored
+/// Removes, in `dir`, the regular files and directories (an archive's new tree, `fs::unpack`)
+/// named like sandboxd's temporaries whose process is gone (by name in that very directory,
+/// never following a symlink; a directory with what it holds, `walk::remove_all`, without
+/// recursion). Best effort: errors are ignored
 /// (a leftover only wastes space). Reads the whole directory: requests never call it, only the
 /// sweeper thread ([`sweep_once`]) and tests.
 pub fn remove_stale(dir: &Dir) {
@@ -118,9 +120,11 @@ pub fn remove_stale(dir: &Dir) {
         let Some((pid, start)) = parse_temp_name(&name) else {
             continue;
         };
-        let is_file = dir.stat_at(&name, false).is_ok_and(|stat| stat.is_file());
-        if is_file && is_gone(pid, start) {
-            let _ = dir.remove(&name, false);
+        let Ok(stat) = dir.stat_at(&name, false) else {
+            continue;
+        };
+        if (stat.is_file() || stat.is_dir()) && is_gone(pid, start) {
+            let _ = crate::fs::walk::remove_all(dir, &name);
         }
     }
 }
@@ -148,6 +152,8 @@ static SWEEPER: OnceLock<Option<Mutex<Sweeper>>> = OnceLock::new();
 /// `O_TMPFILE`, a finished multipart part, or the instant between a link and a rename) is thus
 /// removed shortly after a later sandboxd first writes into that directory. Without `/proc`
 /// (nothing can be judged stale) or when the thread cannot start, it does nothing.
+// Called from several handlers: one copy in the binary, not one inlined into each.
+#[inline(never)]
 pub fn sweep_once(path: &Path, dir: &Dir) {
     let Some(sweeper) = SWEEPER.get_or_init(start_sweeper) else {
         return;
@@ -218,7 +224,7 @@ impl Drop for TempPath {
 }
 
 /// The name of the next temporary for destination base name `name`.
-fn next_name(name: &OsStr) -> OsString {
+pub fn next_name(name: &OsStr) -> OsString {
     let (pid, start) = me().unwrap_or((std::process::id(), 0));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     temp_name(name, pid, start, n)
@@ -321,10 +327,27 @@ mod tests {
         for (name, _) in &files {
             fs::write(dir.path().join(name), b"x").unwrap();
         }
+        // An archive's new tree left by a dead process, and one of a live one.
+        let dead_tree = temp_name(OsStr::new("tree"), dead, 5, 1);
+        let live_tree = temp_name(OsStr::new("tree"), pid, start, 1);
+        for tree in [&dead_tree, &live_tree] {
+            fs::create_dir_all(dir.path().join(tree).join("sub")).unwrap();
+            fs::write(dir.path().join(tree).join("sub/f"), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink(
+            dir.path().join(&live_tree),
+            dir.path().join(&dead_tree).join("l"),
+        )
+        .unwrap();
         remove_stale(&Dir::open(dir.path()).unwrap());
         for (name, kept) in &files {
             assert_eq!(dir.path().join(name).exists(), *kept, "{name:?}");
         }
+        assert!(!dir.path().join(&dead_tree).exists());
+        assert!(
+            dir.path().join(&live_tree).join("sub/f").exists(),
+            "a link was not followed"
+        );
     }
 
     #[test]

@@ -39,6 +39,8 @@ impl UserMetadata {
     /// The set made of `pairs` (raw key, value), in order: keys are lower-cased, an empty key is
     /// skipped, and when a key comes more than once its first value counts (envd reads
     /// `X-Metadata-*` headers that way). The error is the reason the set is invalid.
+    // Called from several handlers: one copy per caller type is enough.
+    #[inline(never)]
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     ) -> Result<UserMetadata, String> {
@@ -88,6 +90,8 @@ impl UserMetadata {
     /// Gives `file` exactly this set of `user.e2b.*` attributes. A filesystem without extended
     /// attributes is fine for an empty set. Errors name `destination`: no extended attributes
     /// there, a set too large for that filesystem, or any other OS error (a full disk).
+    // Called from several handlers: one copy in the binary, not one inlined into each.
+    #[inline(never)]
     pub fn apply(&self, file: &File, destination: &Path) -> Result<(), FsError> {
         let fail = |err: io::Error| error(err, destination);
         let names = match sys::xattr::list(file) {

@@ -95,9 +95,19 @@ impl<T> Descent<T> {
     }
 }
 
+/// The names in `dir`, in reverse byte order: a walk pops the next from the end, so it goes in
+/// name order (ListDir's listing, an archive's members).
+pub fn sorted_names(dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
+    let mut names = dir.names()?;
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
 /// Removes `name` in `parent`: a file or a symlink (never what it points to), or a directory
 /// with everything under it, depth first, each entry by name in its own directory. Entries
 /// that vanish meanwhile are fine; a directory swapped for a symlink is removed as the link.
+// Called from several handlers: one copy in the binary, not one inlined into each.
+#[inline(never)]
 pub fn remove_all(parent: &Dir, name: &OsStr) -> io::Result<()> {
     if !parent.stat_at(name, false)?.is_dir() {
         return parent.remove(name, false);

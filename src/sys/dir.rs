@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use super::check;
 
+mod entries;
+
 /// What `stat(2)` says of an entry, the fields sandboxd uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -278,19 +280,25 @@ impl Dir {
 
     /// Sets times of `name` here (not following a symlink) to now, and nothing else.
     pub fn touch(&self, name: &OsStr, what: Touch) -> io::Result<()> {
-        let name = c_name(name)?;
         let now = libc::timespec {
             tv_sec: 0,
             tv_nsec: libc::UTIME_NOW,
         };
+        self.set_times_at(name, now, what)
+    }
+
+    /// `utimensat` of `name` here, not following a symlink: the modification time to `time`,
+    /// and the access time too for [`Touch::Times`].
+    fn set_times_at(&self, name: &OsStr, time: libc::timespec, what: Touch) -> io::Result<()> {
+        let name = c_name(name)?;
         let access = match what {
-            Touch::Times => now,
+            Touch::Times => time,
             Touch::Modified => libc::timespec {
                 tv_sec: 0,
                 tv_nsec: libc::UTIME_OMIT,
             },
         };
-        let times = [access, now];
+        let times = [access, time];
         // SAFETY: `name` is NUL-terminated and `times` an array of two timespecs, both alive
         // for the call, which only reads them.
         check(unsafe {
@@ -366,6 +374,12 @@ impl Dir {
         // SAFETY: `stream` came from fdopendir and is closed once, closing its descriptor.
         unsafe { libc::closedir(stream) };
         result.map(|()| names)
+    }
+
+    /// This directory itself through `/proc/self/fd` (its extended attributes: an `O_PATH`
+    /// descriptor has no `fgetxattr`).
+    pub fn own_proc_path(&self) -> PathBuf {
+        proc_fd(self.fd.as_raw_fd())
     }
 
     /// A path naming `name` in this directory through `/proc/self/fd`, for the few calls with

@@ -236,7 +236,7 @@ impl Daemon {
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
-        if !body.is_empty() || method == "POST" {
+        if !body.is_empty() || method == "POST" || method == "PUT" {
             request.push_str(&format!("Content-Length: {}\r\n", body.len()));
         }
         request.push_str("\r\n");

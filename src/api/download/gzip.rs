@@ -2,7 +2,9 @@
 //! threads of its own, into a streamed (chunked) answer.
 //!
 //! This module owns the compressing: its threads, the jobs they take turns on, the gzip
-//! framing, and the bound on how many compressed downloads run at once. Whether a request gets
+//! framing, and the bound on how many compressed downloads run at once. The same threads run
+//! the other downloads produced piece by piece ([`Produce`]: a directory as tar, `super::tar`),
+//! compressed or not. Whether a request gets
 //! the gzip form is the handler's (`encoding`, `headers::compressible`).
 //!
 //! **Where it runs.** Compressing costs CPU (level 1: about 5 ms per MiB of text here), so it
@@ -55,17 +57,17 @@ pub const MIN_SIZE: u64 = 1024;
 /// The level: 1, the fastest (docs/performance.md compares it with 6).
 const LEVEL: u32 = 1;
 /// Bytes of the file compressed in one turn.
-const PIECE: usize = 128 << 10;
+pub(crate) const PIECE: usize = 128 << 10;
 /// The most a piece's output can take: 9 bits a byte (the longest literal code of deflate's
 /// fixed Huffman table, which a compressor that never falls back to stored blocks could use
 /// for random data), the sync flush, and the gzip header and trailer.
-const ROOM: usize = PIECE + PIECE / 8 + 64;
+pub(crate) const ROOM: usize = PIECE + PIECE / 8 + 64;
 /// A compressed download's stream queue: room for one piece's output whatever it is, and some
 /// of the next so the compressor can work while the connection writes.
-const QUEUE: usize = ROOM + (64 << 10);
+pub(crate) const QUEUE: usize = ROOM + (64 << 10);
 
 /// gzip's member header (RFC 1952): magic, deflate, no flags, no time, fastest, Unix.
-const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 3];
+pub(crate) const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 3];
 
 /// Compressed answers held (a [`Slot`] each): from the request until the connection lets go of
 /// the answer.
@@ -105,16 +107,7 @@ pub fn start(file: File, size: u64, path: PathBuf, slot: Slot) -> StreamSource {
     // The place is held until the connection lets go of the answer, not only while the job
     // runs: a finished job's last output may still wait in the queue for a stalled client.
     sender.on_release(move || drop(slot));
-    // A slot is only taken with the executor running; without it, the sender is dropped
-    // unfinished here and the answer cut.
-    let Some(executor) = executor() else {
-        return source;
-    };
-    let mut jobs = lock(&executor.jobs);
-    let id = jobs.next_id;
-    jobs.next_id += 1;
-    jobs.runnable.push_back(Job {
-        id,
+    submit(Box::new(FileJob {
         file,
         size,
         offset: 0,
@@ -122,10 +115,37 @@ pub fn start(file: File, size: u64, path: PathBuf, slot: Slot) -> StreamSource {
         sender: Some(sender),
         pending: Vec::new(),
         path,
-    });
+    }));
+    source
+}
+
+/// A download made piece by piece on these threads: the gzip form of a file, a directory as
+/// tar. It holds its stream's sender; dropping it unfinished cuts the answer.
+pub(crate) trait Produce: Send {
+    /// Makes and queues the next piece if its queue has room, using the thread's buffers.
+    fn step(&mut self, work: &mut Work) -> Next;
+    /// The stream it feeds, `None` once finished or cut.
+    fn sender(&self) -> Option<&StreamSender>;
+}
+
+/// Hands `producer` to the threads. A producer is only made with a [`Slot`], so the executor
+/// runs; were it not running, the producer would be dropped here and its answer cut.
+pub(crate) fn submit(producer: Box<dyn Produce>) {
+    let Some(executor) = executor() else {
+        return;
+    };
+    let mut jobs = lock(&executor.jobs);
+    let id = jobs.next_id;
+    jobs.next_id += 1;
+    jobs.runnable.push_back(Job { id, producer });
     drop(jobs);
     executor.ready.notify_one();
-    source
+}
+
+/// A producer and its number among the jobs.
+struct Job {
+    id: u64,
+    producer: Box<dyn Produce>,
 }
 
 struct Executor {
@@ -169,10 +189,21 @@ fn executor() -> Option<&'static Executor> {
 }
 
 /// A thread's compressor and buffers, kept from one piece (and one job) to the next.
-struct Work {
-    compressor: Compress,
-    input: Vec<u8>,
-    output: Vec<u8>,
+pub(crate) struct Work {
+    pub compressor: Compress,
+    /// [`PIECE`] bytes.
+    pub input: Vec<u8>,
+    pub output: Vec<u8>,
+}
+
+impl Work {
+    pub(crate) fn new() -> Work {
+        Work {
+            compressor: Compress::new(Compression::new(LEVEL), false),
+            input: vec![0; PIECE],
+            output: Vec::with_capacity(ROOM),
+        }
+    }
 }
 
 fn serve() {
@@ -184,11 +215,7 @@ fn serve() {
     let Some(executor) = EXECUTOR.wait().as_ref() else {
         return;
     };
-    let mut work = Work {
-        compressor: Compress::new(Compression::new(LEVEL), false),
-        input: vec![0; PIECE],
-        output: Vec::with_capacity(ROOM),
-    };
+    let mut work = Work::new();
     loop {
         let mut job = {
             let jobs = lock(&executor.jobs);
@@ -202,7 +229,7 @@ fn serve() {
             }
         };
         loop {
-            match job.step(&mut work) {
+            match job.producer.step(&mut work) {
                 Next::Done => break,
                 Next::Wait(bytes) => {
                     park(executor, job, bytes);
@@ -227,7 +254,7 @@ fn serve() {
 fn park(executor: &'static Executor, job: Job, bytes: usize) {
     let id = job.id;
     let mut jobs = lock(&executor.jobs);
-    let Some(sender) = &job.sender else {
+    let Some(sender) = job.producer.sender() else {
         return;
     };
     let room = sender.wait_for_room(bytes, move || executor.wake(id));
@@ -253,7 +280,7 @@ impl Executor {
 }
 
 /// What a job needs after a step.
-enum Next {
+pub(crate) enum Next {
     /// Finished, cut, or its client left: drop it.
     Done,
     /// Room for this many bytes in its queue.
@@ -262,8 +289,8 @@ enum Next {
     More,
 }
 
-struct Job {
-    id: u64,
+/// The gzip form of one file.
+struct FileJob {
     file: File,
     /// How many bytes of the file are sent: its size when opened.
     size: u64,
@@ -277,7 +304,11 @@ struct Job {
     path: PathBuf,
 }
 
-impl Job {
+impl Produce for FileJob {
+    fn sender(&self) -> Option<&StreamSender> {
+        self.sender.as_ref()
+    }
+
     /// Compresses and queues the next piece, if its queue has room for it.
     fn step(&mut self, work: &mut Work) -> Next {
         let Some(sender) = &self.sender else {
@@ -328,7 +359,9 @@ impl Job {
             }
         }
     }
+}
 
+impl FileJob {
     /// Reads the next piece and compresses it into `work.output` (after the gzip header for
     /// the first piece).
     fn compress_piece(&mut self, work: &mut Work) -> Result<(), String> {
@@ -374,7 +407,7 @@ impl Job {
 
 /// Compresses all of `input` into `output`, growing it as needed, then flushes as `flush` says:
 /// a sync flush (the output ends on a byte boundary, the stream goes on) or the final block.
-fn deflate(
+pub(crate) fn deflate(
     compressor: &mut Compress,
     mut input: &[u8],
     output: &mut Vec<u8>,
@@ -405,14 +438,14 @@ fn deflate(
     }
 }
 
-enum ReadError {
+pub(crate) enum ReadError {
     /// End of file at this offset, before the size the answer promised.
     Shrank(u64),
     Io(io::Error),
 }
 
 /// Fills `buffer` from `file` at `offset` (`pread`, whatever the file's position).
-fn read_exact_at(file: &File, buffer: &mut [u8], offset: u64) -> Result<(), ReadError> {
+pub(crate) fn read_exact_at(file: &File, buffer: &mut [u8], offset: u64) -> Result<(), ReadError> {
     let mut filled = 0;
     while filled < buffer.len() {
         let at = offset + filled as u64;
@@ -439,19 +472,14 @@ mod tests {
     use super::*;
 
     fn work() -> Work {
-        Work {
-            compressor: Compress::new(Compression::new(LEVEL), false),
-            input: vec![0; PIECE],
-            output: Vec::new(),
-        }
+        Work::new()
     }
 
-    fn job(contents: &[u8]) -> (Job, StreamSource, tempfile::NamedTempFile) {
+    fn job(contents: &[u8]) -> (FileJob, StreamSource, tempfile::NamedTempFile) {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(contents).unwrap();
         let (sender, source) = stream::channel(QUEUE);
-        let job = Job {
-            id: 0,
+        let job = FileJob {
             file: file.reopen().unwrap(),
             size: contents.len() as u64,
             offset: 0,

@@ -115,6 +115,8 @@ const PACKED_TYPES: &[&str] = &[
 /// (each offending character replaced by `_`) and the exact name in
 /// `filename*=utf-8''<percent-encoded>` (RFC 8187), which browsers prefer. Control characters
 /// never reach the header.
+// Called from several handlers: one copy in the binary, not one inlined into each.
+#[inline(never)]
 pub fn content_disposition(name: &str) -> String {
     let safe = |c: char| (' '..='~').contains(&c) && c != '"' && c != '\\';
     if name.chars().all(safe) {

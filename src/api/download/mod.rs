@@ -22,11 +22,13 @@
 //! - `X-Content-Type-Options: nosniff` goes with every file, so a browser never runs a
 //!   `.txt` as HTML.
 
+pub(crate) mod archive;
 pub(crate) mod conditional;
 pub(crate) mod encoding;
 mod gzip;
 mod headers;
 pub(crate) mod range;
+mod tar;
 
 use std::fs::{File, FileType, Metadata, OpenOptions};
 use std::io;
@@ -48,13 +50,18 @@ use range::Range;
 /// Answers `GET` or `HEAD /files`.
 ///
 /// Order of checks: query decoding (400), access (401, or 400 for a malformed expiration),
-/// user (401), path resolution (400), then the file itself (404, 400, 403).
+/// the `format` (400), user (401), path resolution (400), then the file itself (404, 400,
+/// 403), or the directory for an archive (`archive`).
 pub fn get(app: &App, head: &Head) -> Result<Response, ApiError> {
     let query = app::query(head)?;
     let now = date::now_unix();
     app.require_file_access(head, &query, Operation::Read, now)?;
+    let format = archive::format(query.get("format"))?;
     let resolver = app.resolver(query.get("username"))?;
     let resolved = resolver.resolve(query.get("path").unwrap_or(""))?;
+    if format.is_some() {
+        return archive::respond(app, head, &resolver, &resolved);
+    }
     // The file is opened as the user (`--fs-as-user`); the open descriptor it is sent from
     // needs no further check.
     let (file, metadata) = {
@@ -147,17 +154,8 @@ fn respond(
     let is_get = head.method() == "GET";
     let accept_header = joined(head, "accept-encoding");
     let accept = Accept::parse(accept_header.as_deref().map(str::as_bytes));
-    let coding = choose_coding(head, &accept, is_get, size, content_type).ok_or_else(|| {
-        ApiError::new(
-            406,
-            format!(
-                "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both \
-                 codings sandboxd sends, gzip and identity",
-                path.display(),
-                accept_header.unwrap_or_default()
-            ),
-        )
-    })?;
+    let coding = choose_coding(head, &accept, is_get, size, content_type)
+        .ok_or_else(|| not_acceptable(path, accept_header.as_deref()))?;
     let etag_of = |coding| match coding {
         Coding::Identity => etag.clone(),
         Coding::Gzip => gzip_etag.clone(),
@@ -249,6 +247,19 @@ fn respond(
         response = response.with_header("Content-Range", format!("bytes {offset}-{end}/{size}"));
     }
     Ok(response)
+}
+
+/// 406: `Accept-Encoding` (`header`) refuses both codings of `path`'s answer.
+fn not_acceptable(path: &Path, header: Option<&str>) -> ApiError {
+    ApiError::new(
+        406,
+        format!(
+            "no acceptable content coding for '{}': Accept-Encoding '{}' refuses both codings \
+             sandboxd sends, gzip and identity",
+            path.display(),
+            header.unwrap_or_default()
+        ),
+    )
 }
 
 /// Every answer that describes the file depends on `Accept-Encoding` (`identity;q=0` gets even a

@@ -11,7 +11,7 @@ use super::messages::{EntryInfo, EntryResponse, FileType, ListDirResponse};
 use super::{io_error, Caller};
 use crate::connect::{Code, Error};
 use crate::fs::dirs::{self, Made};
-use crate::fs::walk::{self, Descent};
+use crate::fs::walk::{self, sorted_names, Descent};
 use crate::sys::dir::Dir;
 
 /// The largest listing ListDir answers, counted as the JSON its entries make (about 190 bytes
@@ -131,13 +131,6 @@ pub fn list_dir(caller: &Caller, path: &str, depth: u32) -> Result<ListDirRespon
 struct Level {
     shown: PathBuf,
     names: Vec<OsString>,
-}
-
-/// The names in `dir`, in reverse name order (the next to list is popped from the end).
-fn sorted_names(dir: &Dir) -> io::Result<Vec<OsString>> {
-    let mut names = dir.names()?;
-    names.sort_unstable_by(|a, b| b.cmp(a));
-    Ok(names)
 }
 
 /// About how many bytes `entry` takes in a JSON answer.

@@ -1,4 +1,5 @@
-//! `POST /files`: uploading files (SPEC §8), streamed to disk and placed atomically.
+//! `POST /files` and `PUT /files`: uploading files (SPEC §8), streamed to disk and placed
+//! atomically.
 //!
 //! This module owns the request: access (token or a signed URL for `write`), the body's
 //! encoding and type, the metadata headers, the paths, and moving the bytes from the body to
@@ -36,6 +37,10 @@
 //!   path are 400, as is a multipart body without any `file` part.
 //! - An existing non-directory at the path (a symlink included) is replaced by the new file; a
 //!   directory is 400. Parent directories created for a file stay if the request then fails.
+//! - `PUT` is a raw upload whatever its `Content-Type` says: the body is the file's bytes, as
+//!   `curl -T`, WebDAV clients and nginx's `dav_methods PUT` take it (a WebDAV client sends the
+//!   file's own type, `text/plain` say). Everything else (access with a `write` signature,
+//!   gzip, metadata, placement) is `POST`'s.
 //! - When writing fails part-way (full disk), the answer is sent at once and the HTTP layer
 //!   discards the rest of the body (within its cap), so that the client reads the 507 rather
 //!   than a reset connection.
@@ -46,6 +51,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::as_user::AsUserSink;
+use super::download;
 use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
@@ -56,6 +62,7 @@ use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
 use crate::http::{Action, BodySink, Head, Response};
 
+mod archive;
 pub mod gzip;
 pub mod inflating;
 
@@ -74,16 +81,36 @@ enum Kind {
 /// The header prefix of metadata (compared without case).
 const METADATA_HEADER: &[u8] = b"x-metadata-";
 
-/// Starts `POST /files` from its head.
+/// Starts `POST /files` or `PUT /files` from its head.
 ///
-/// Order of checks: query decoding (400), access (401), `Content-Encoding` (415),
-/// `Content-Type` (400), user (401), metadata (400), path (400); then the body.
+/// Order of checks: query decoding (400), access (401), `format` (400), `Content-Encoding`
+/// (415); for an archive the user (401), then `archive::sink`'s; else `Content-Type` (400),
+/// user (401), metadata (400), path (400); then the body.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
     app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
+    let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
-    let kind = body_kind(head)?;
+    if tar {
+        let resolver = app.resolver(query.get("username"))?;
+        let identity = app.identity(&resolver.user);
+        let sink = {
+            let _as_user = identity.as_ref().map(|who| who.enter()).transpose()?;
+            archive::sink(head, raw_path, &resolver)?
+        };
+        let sink: Box<dyn BodySink> = if gzip {
+            Box::new(Inflating::new(sink))
+        } else {
+            sink
+        };
+        return Ok(Action::Consume(AsUserSink::wrap(identity, sink)));
+    }
+    let kind = if head.method() == "PUT" {
+        Kind::Raw
+    } else {
+        body_kind(head)?
+    };
     let resolver = app.resolver(query.get("username"))?;
     let metadata = metadata(head)?;
     // Whatever is created now and later (in `AsUserSink`, on whichever worker feeds the body)
@@ -93,9 +120,11 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let sink: Box<dyn BodySink> = match kind {
         Kind::Raw => {
             let raw = raw_path.ok_or_else(|| {
-                ApiError::bad_request(
-                    "the path query parameter is required for an application/octet-stream body",
-                )
+                ApiError::bad_request(if head.method() == "PUT" {
+                    "the path query parameter is required for a PUT"
+                } else {
+                    "the path query parameter is required for an application/octet-stream body"
+                })
             })?;
             let destination = resolver.resolve(raw)?;
             check_target(&destination)?;

@@ -346,6 +346,12 @@ impl State {
             return false;
         }
         match self.placements.iter_mut().find(|c| **c == event.cookie) {
+            // A directory moved in from a temporary name is a new tree (an archive's,
+            // `fs::unpack`): reported as created, its contents announced as they are added.
+            Some(cookie) if event.mask & libc::IN_ISDIR != 0 => {
+                *cookie = 0;
+                false
+            }
             Some(cookie) => {
                 *cookie = 0;
                 true

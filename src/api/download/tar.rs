@@ -1,0 +1,433 @@
+//! `GET /files?path=DIR&format=tar`: a directory's tree as a pax tar, made as the client takes
+//! it (SPEC §6a).
+//!
+//! This module owns the archive's job: the walk down the tree, the member headers, the files'
+//! bytes, and the gzip form. It runs on the download threads (`gzip::Produce`): each step
+//! fills one piece of [`gzip::PIECE`] bytes, queues it (compressed first for the gzip form) and
+//! parks the job while the client has not taken the queue, so a slow client holds no thread
+//! and the job holds only its descriptors, its walk and its queue.
+//!
+//! The walk is `fs::walk`'s [`Descent`]: no recursion, directories opened by descriptor
+//! without following a symlink, each entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` and
+//! opened `O_NOFOLLOW`, so a link swapped in is never followed out of the tree. Names are
+//! sorted, so the same tree gives the same archive. Members: directories (the top one is not a
+//! member: it is the destination's), regular files, symlinks as links; FIFOs, sockets and
+//! devices are skipped, and so is an entry that vanishes or changes kind between its `stat` and
+//! its opening. Hard links are sent as separate files. A member's header says its mode, owner
+//! and group by id and name, mtime (with nanoseconds in a pax record) and its `user.e2b.*`
+//! attributes (pax `SCHILY.xattr.` records).
+//!
+//! **A file that changes while it is read.** Its header, written first, says the size it had
+//! when opened, and exactly that many bytes follow: bytes appended meanwhile are not sent. A
+//! file that shrinks cannot fill its member, so the answer is cut (the connection closes without
+//! the last chunk, and without the gzip trailer): the client sees a broken transfer, never an
+//! archive with a torn member. A read error or an entry the daemon may not read cuts it too,
+//! and the log names the entry and why.
+//!
+//! Not zero-copy: the layer's streams carry bytes, so a file's data is read (`pread`) into the
+//! piece. A body made of byte runs and `sendfile` ranges would need a new kind of response
+//! body in the HTTP layer; docs/performance.md measures what the copy costs.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flate2::{Crc, FlushCompress};
+
+use super::gzip::{self, Next, Produce, Slot, Work, HEADER, PIECE, QUEUE, ROOM};
+use crate::archive::header::{self, Member};
+use crate::archive::{padding, Kind, BLOCK};
+use crate::fs::as_user::Identity;
+use crate::fs::owners::Owners;
+use crate::fs::user_metadata;
+use crate::fs::walk::{sorted_names, Descent};
+use crate::http::stream::{self, SendError, StreamSender, StreamSource};
+use crate::sys::dir::{Dir, Stat};
+
+/// Entries looked at in one piece at most: a directory of skipped entries (sockets, vanished
+/// names) does not hold a thread for long.
+const LOOKUPS_PER_PIECE: usize = 4096;
+
+/// Starts the archive of the tree under `top` (named `shown` in the log) and returns the
+/// answer's body.
+pub fn start(
+    top: Dir,
+    shown: PathBuf,
+    compress: bool,
+    identity: Option<Identity>,
+    owners: Arc<Owners>,
+    slot: Slot,
+) -> StreamSource {
+    let (sender, source) = stream::channel(QUEUE);
+    sender.on_release(move || drop(slot));
+    let job = TarJob::new(top, shown, compress, identity, owners, sender);
+    match job {
+        Ok(job) => gzip::submit(Box::new(job)),
+        // The sender is dropped unfinished with it: the answer is cut.
+        Err(e) => crate::log::line(format_args!("tar download cut: {e}")),
+    }
+    source
+}
+
+/// One directory of the walk: its names still to visit (sorted, the last first) and how long
+/// the archive path was before its name was added.
+struct Level {
+    names: Vec<OsString>,
+    path_len: usize,
+}
+
+/// The member whose data is being sent.
+struct Body {
+    file: File,
+    size: u64,
+    offset: u64,
+    /// Its name in the archive (for the log).
+    path: Vec<u8>,
+}
+
+struct TarJob {
+    sender: Option<StreamSender>,
+    descent: Descent<Level>,
+    /// The archive path of the current directory, ending with `/` (empty at the top).
+    path: Vec<u8>,
+    /// Header and padding bytes not yet put into a piece.
+    pending: Vec<u8>,
+    body: Option<Body>,
+    /// The end-of-archive blocks are in `pending`.
+    ended: bool,
+    /// The gzip form: the CRC of the tar bytes so far, and whether the header was sent.
+    crc: Option<Crc>,
+    started: bool,
+    /// Bytes the queue could not take.
+    unsent: Vec<u8>,
+    identity: Option<Identity>,
+    owners: Arc<Owners>,
+    shown: PathBuf,
+}
+
+impl TarJob {
+    fn new(
+        top: Dir,
+        shown: PathBuf,
+        compress: bool,
+        identity: Option<Identity>,
+        owners: Arc<Owners>,
+        sender: StreamSender,
+    ) -> io::Result<TarJob> {
+        let names = {
+            let _as_user = identity
+                .as_ref()
+                .map(Identity::enter)
+                .transpose()
+                .map_err(|e| io::Error::other(format!("acting as the user: {e}")))?;
+            sorted_names(&top)?
+        };
+        Ok(TarJob {
+            sender: Some(sender),
+            descent: Descent::new(top, Level { names, path_len: 0 })?,
+            path: Vec::new(),
+            pending: Vec::new(),
+            body: None,
+            ended: false,
+            crc: compress.then(Crc::new),
+            started: false,
+            unsent: Vec::new(),
+            identity,
+            owners,
+            shown,
+        })
+    }
+
+    /// Ends the answer unfinished (the client sees it cut) and says why in the log.
+    fn cut(&mut self, error: &str) {
+        crate::log::line(format_args!(
+            "tar download of '{}' cut: {error}",
+            self.shown.display()
+        ));
+        self.sender = None;
+    }
+
+    /// Fills `buf` with the archive's next bytes: how many, and whether the archive is
+    /// complete with them.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(usize, bool), String> {
+        let mut filled = 0;
+        let mut lookups = 0;
+        loop {
+            if !self.pending.is_empty() {
+                let take = self.pending.len().min(buf.len() - filled);
+                buf[filled..filled + take].copy_from_slice(&self.pending[..take]);
+                self.pending.drain(..take);
+                filled += take;
+                if filled == buf.len() {
+                    return Ok((filled, self.ended && self.pending.is_empty()));
+                }
+            }
+            if let Some(body) = &mut self.body {
+                let left = body.size - body.offset;
+                if left > 0 {
+                    let room = buf.len() - filled;
+                    let take = usize::try_from(left).map_or(room, |left| left.min(room));
+                    let into = &mut buf[filled..filled + take];
+                    gzip::read_exact_at(&body.file, into, body.offset).map_err(|e| match e {
+                        gzip::ReadError::Shrank(at) => format!(
+                            "'{}' shrank to {} bytes while it was sent (it had {} when opened)",
+                            String::from_utf8_lossy(&body.path),
+                            body.file.metadata().map_or(at, |m| m.len()),
+                            body.size
+                        ),
+                        gzip::ReadError::Io(e) => {
+                            format!("reading '{}': {e}", String::from_utf8_lossy(&body.path))
+                        }
+                    })?;
+                    body.offset += take as u64;
+                    filled += take;
+                    if filled == buf.len() {
+                        return Ok((filled, false));
+                    }
+                    continue;
+                }
+                self.pending.resize(padding(body.size), 0);
+                self.body = None;
+                continue;
+            }
+            if self.ended {
+                return Ok((filled, true));
+            }
+            if lookups == LOOKUPS_PER_PIECE {
+                return Ok((filled, false));
+            }
+            lookups += 1;
+            if !self.next_member().map_err(|e| e.to_string())? {
+                self.pending.resize(2 * BLOCK, 0);
+                self.ended = true;
+            }
+        }
+    }
+
+    /// Looks at the walk's next entry, queueing its header (and opening its data) if it is a
+    /// member. False once the walk is over.
+    fn next_member(&mut self) -> io::Result<bool> {
+        let Some((dir, level)) = self.descent.current() else {
+            return Ok(false);
+        };
+        let Some(name) = level.names.pop() else {
+            let level = self.descent.pop()?;
+            self.path.truncate(level.path_len);
+            return Ok(self.descent.current().is_some());
+        };
+        let stat = match dir.stat_at(&name, false) {
+            Ok(stat) => stat,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) => return Err(entry_error(e, &self.path, &name)),
+        };
+        let path_len = self.path.len();
+        let mut path = self.path.clone();
+        path.extend_from_slice(name.as_bytes());
+        match stat.kind() {
+            libc::S_IFDIR => {
+                let sub = match dir.open_dir(&name, false) {
+                    Ok(sub) => sub,
+                    Err(e) if swapped(&e) => return Ok(true),
+                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                };
+                let stat = sub.stat()?;
+                let xattrs = attributes(&sub.own_proc_path());
+                let names = sorted_names(&sub).map_err(|e| entry_error(e, &self.path, &name))?;
+                self.header(&path, Kind::Dir, &stat, 0, b"", &xattrs);
+                self.descent.push(sub, Level { names, path_len })?;
+                self.path = path;
+                self.path.push(b'/');
+            }
+            libc::S_IFREG => {
+                let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+                let file = match dir.open_file(&name, flags) {
+                    Ok(file) => file,
+                    Err(e) if swapped(&e) => return Ok(true),
+                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                };
+                let stat = crate::sys::dir::fstat(std::os::fd::AsFd::as_fd(&file))?;
+                if !stat.is_file() {
+                    return Ok(true);
+                }
+                let proc = PathBuf::from(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&file)
+                ));
+                let xattrs = attributes(&proc);
+                self.header(&path, Kind::File, &stat, stat.size, b"", &xattrs);
+                self.body = Some(Body {
+                    file,
+                    size: stat.size,
+                    offset: 0,
+                    path,
+                });
+            }
+            libc::S_IFLNK => {
+                let target = match dir.read_link(&name) {
+                    Ok(target) => target,
+                    Err(e) if swapped(&e) || e.raw_os_error() == Some(libc::EINVAL) => {
+                        return Ok(true)
+                    }
+                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                };
+                self.header(&path, Kind::Symlink, &stat, 0, &target, &[]);
+            }
+            // FIFOs, sockets, devices: not archived.
+            _ => {}
+        }
+        Ok(true)
+    }
+
+    fn header(
+        &mut self,
+        path: &[u8],
+        kind: Kind,
+        stat: &Stat,
+        size: u64,
+        link: &[u8],
+        xattrs: &[(String, String)],
+    ) {
+        let member = Member {
+            path,
+            kind,
+            mode: stat.mode & 0o7777,
+            uid: stat.uid,
+            gid: stat.gid,
+            uname: self.owners.user_name(stat.uid).unwrap_or(""),
+            gname: self.owners.group_name(stat.gid).unwrap_or(""),
+            size,
+            mtime: stat.mtime,
+            mtime_nsec: u32::try_from(stat.mtime_nsec).unwrap_or(0),
+            link,
+            xattrs,
+        };
+        header::write(&member, &mut self.pending);
+    }
+
+    /// Puts `piece` (the archive's next bytes) into `work.output` as the gzip form has it.
+    fn compress(&mut self, work: &mut Work, filled: usize, last: bool) -> Result<(), String> {
+        let Some(crc) = &mut self.crc else {
+            return Ok(());
+        };
+        let input = &work.input[..filled];
+        crc.update(input);
+        work.output.clear();
+        if !self.started {
+            work.output.extend_from_slice(&HEADER);
+            self.started = true;
+        }
+        let flush = if last {
+            FlushCompress::Finish
+        } else {
+            FlushCompress::Sync
+        };
+        work.compressor.reset();
+        gzip::deflate(&mut work.compressor, input, &mut work.output, flush)
+            .map_err(|e| format!("compressing: {e}"))?;
+        if last {
+            work.output.extend_from_slice(&crc.sum().to_le_bytes());
+            work.output.extend_from_slice(&crc.amount().to_le_bytes());
+        }
+        Ok(())
+    }
+}
+
+impl Produce for TarJob {
+    fn sender(&self) -> Option<&StreamSender> {
+        self.sender.as_ref()
+    }
+
+    fn step(&mut self, work: &mut Work) -> Next {
+        let Some(sender) = &self.sender else {
+            return Next::Done;
+        };
+        if !self.unsent.is_empty() {
+            match sender.send(&self.unsent) {
+                Ok(()) => self.unsent.clear(),
+                Err(SendError::Full) => return Next::Wait(self.unsent.len()),
+                Err(SendError::Closed) => return Next::Done,
+            }
+        }
+        if sender.is_closed() {
+            return Next::Done;
+        }
+        if sender.queued() + ROOM > QUEUE {
+            return Next::Wait(ROOM);
+        }
+        let identity = self.identity.clone();
+        let as_user = identity.as_ref().map(Identity::enter).transpose();
+        let result = match as_user {
+            Ok(_guard) => {
+                let mut input = std::mem::take(&mut work.input);
+                let result = self.fill(&mut input[..PIECE]);
+                work.input = input;
+                result
+            }
+            Err(e) => Err(format!("acting as the user: {e}")),
+        };
+        let (filled, last) = match result {
+            Ok(done) => done,
+            Err(error) => {
+                self.cut(&error);
+                return Next::Done;
+            }
+        };
+        if let Err(error) = self.compress(work, filled, last) {
+            self.cut(&error);
+            return Next::Done;
+        }
+        let out: &[u8] = if self.crc.is_some() {
+            &work.output
+        } else {
+            &work.input[..filled]
+        };
+        let Some(sender) = self.sender.take() else {
+            return Next::Done;
+        };
+        if last {
+            sender.finish_with(out);
+            return Next::Done;
+        }
+        let next = match sender.send(out) {
+            Ok(()) => Next::More,
+            Err(SendError::Closed) => return Next::Done,
+            Err(SendError::Full) => {
+                self.unsent = out.to_vec();
+                Next::Wait(self.unsent.len())
+            }
+        };
+        self.sender = Some(sender);
+        next
+    }
+}
+
+/// An entry swapped for something else (a symlink, another kind) or removed between its
+/// `stat` and its opening: it is skipped.
+fn swapped(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ELOOP | libc::ENOTDIR | libc::ENOENT | libc::ENXIO)
+    )
+}
+
+fn entry_error(e: io::Error, dir: &[u8], name: &OsStr) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "'{}{}': {e}",
+            String::from_utf8_lossy(dir),
+            name.to_string_lossy()
+        ),
+    )
+}
+
+/// The `user.e2b.*` attributes of the file the path names, as (full name, value).
+fn attributes(path: &std::path::Path) -> Vec<(String, String)> {
+    user_metadata::read(path)
+        .into_iter()
+        .map(|(key, value)| (format!("{}{key}", user_metadata::PREFIX), value))
+        .collect()
+}
