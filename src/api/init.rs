@@ -71,22 +71,29 @@ use crate::platform::{clock, init_files, volumes};
 ///   (`platform::ca_bundle`).
 /// - 0.5.14: `/init` mounts NFS `volumeMounts` (the API allows volumes from here on). Have
 ///   (`platform::volumes`).
-/// - 0.6.0: `POST /freeze`, `/unfreeze`. **Missing** (the orchestrator calls them from 0.6.3).
-/// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). Have, but
-///   0.6.2 also means everything above.
+/// - 0.6.0–0.6.1: `POST /freeze`, `/unfreeze`, `/init` thawing. Have (`platform::cgroups`).
+/// - 0.6.2: `X-Metadata-*` upload metadata (the SDKs refuse `metadata=` below it). Have.
+/// - 0.6.3: entries in watch events (the SDKs' gate), the forwarders' group never frozen (the
+///   orchestrator freezes across pauses from here on). Have: sandboxd forwards in its own
+///   thread, in its own group, which no freeze touches.
+/// - 0.6.4: `allowNetworkMounts` on watches (the SDKs' gate). Have.
+/// - 0.6.5–0.6.6: `POST /collapse` with its split stats, `/fsfreeze` and `/fsthaw` (the
+///   orchestrator calls them before pauses from here on; a failed `/fsfreeze` fails the pause).
+///   Have (`platform::collapse`, `platform::fsfreeze`).
+/// - 0.6.7–0.6.11: envd's fixes (upload metadata races, CA install, constant-time signatures,
+///   `Start` after a cancelled request, prompt shutdown), none a new surface; sandboxd's
+///   equivalents are in place.
+/// - 0.6.12: `POST /upgrade` with envd's protobuf handover. **Not this level**: from it on, E2B's
+///   orchestrator upgrades a running daemon by delivering *envd's* binary, which would have to
+///   read sandboxd's handover (it cannot: the formats are each their own), and sandboxd's
+///   `/upgrade` does not carry processes or watchers yet (SPEC §9c).
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd:
-///   have (SPEC §9b), `StreamInput` as a half-duplex client stream. Their SDK gates below
-///   0.5.13 (0.1.4 recursive watches, 0.3.0 `stdin` on `commands.run`, 0.5.2 `close_stdin`)
-///   are therefore open; those above (0.6.3 entries in watch events, 0.6.4
-///   `allowNetworkMounts`), which sandboxd has too, wait for the level.
+///   have (SPEC §9b), `StreamInput` as a half-duplex client stream.
 ///
-/// Hence 0.5.14, the last level before the first gap (0.6.0): with it the SDKs send raw
-/// `application/octet-stream` uploads for streams and gzip ones for `gzip=True` (which sandboxd
-/// has), E2B's API allows network rules (whose proxy CA `/init` installs) and volumes (which
-/// `/init` mounts), and neither the API nor the orchestrator turns on a feature sandboxd would
-/// silently drop. The SDKs still refuse `metadata=` on the client side, although sandboxd
-/// stores it: 0.6.2 (SPEC's example) needs `/freeze` and `/unfreeze` too.
-pub const ENVD_VERSION: &str = "0.5.14";
+/// Hence 0.6.11, the last level before the first gap (0.6.12): the SDKs turn on everything they
+/// gate (the highest gate is 0.6.4), E2B's API allows network rules and volumes, and the
+/// orchestrator freezes, collapses and fs-freezes around pauses, all of which sandboxd does.
+pub const ENVD_VERSION: &str = "0.6.11";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]
