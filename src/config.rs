@@ -19,8 +19,9 @@ pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, MMDS_ADDRESS, OPTIONS,
-    PASSWD_FILE, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
+    FORWARD_ADDRESS, FORWARD_MAX_CONNECTIONS, FORWARD_MAX_PORTS, FS_AS_USER, HEADER_TIMEOUT,
+    IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROC_ROOT,
+    SEND_TIMEOUT, SYSTEM_ROOT, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +48,10 @@ pub struct Config {
     pub mmds_address: Option<SocketAddr>,
     /// `--fs-as-user`: file routes and filesystem calls run with the caller's credentials.
     pub fs_as_user: bool,
+    /// `--forward-address` (`None`: off) and the forwarder's caps (SPEC §11).
+    pub forward_address: Option<std::net::IpAddr>,
+    pub forward_max_ports: usize,
+    pub forward_max_connections: usize,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -147,6 +152,9 @@ fn parse_serve(
         system_root: given.read(&SYSTEM_ROOT)?,
         mmds_address,
         fs_as_user: given.read(&FS_AS_USER)?,
+        forward_address: given.read(&FORWARD_ADDRESS)?,
+        forward_max_ports: given.read(&FORWARD_MAX_PORTS)?,
+        forward_max_connections: given.read(&FORWARD_MAX_CONNECTIONS)?,
         envd,
     })
 }

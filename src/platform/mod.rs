@@ -7,9 +7,11 @@
 //! - [`ca_bundle`]: `caBundle`, the trust store's bundle and the persisted certificate.
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
+//! - [`forward`]: localhost port forwarding, in a thread of its own (not an `/init` effect).
 
 pub mod atomic_file;
 pub mod ca_bundle;
 pub mod clock;
+pub mod forward;
 pub mod hosts;
 pub mod init_files;
