@@ -33,6 +33,19 @@ fn forwarded(daemon: &Daemon, ip: IpAddr, upstream: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, upstream.port())
 }
 
+/// A connection to `to` whose reads and writes give up after a minute (a bug is a failure,
+/// not a hang).
+fn connect(to: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(to).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+}
+
 fn count(daemon: &Daemon, text: &str) -> usize {
     daemon.log().iter().filter(|l| l.contains(text)).count()
 }
@@ -82,7 +95,7 @@ fn an_http_server_on_ipv4_and_an_echo_server_on_ipv6_answer_whole() {
     echo_server(echo);
 
     let front = forwarded(&daemon, ip, http_addr);
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     let request = b"GET /x HTTP/1.1\r\nHost: sandbox\r\n\r\n";
     client.write_all(request).unwrap();
     let mut answer = String::new();
@@ -94,7 +107,7 @@ fn an_http_server_on_ipv4_and_an_echo_server_on_ipv6_answer_whole() {
     );
 
     let front = forwarded(&daemon, ip, echo_addr);
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     let message: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
     let writer = {
         let mut client = client.try_clone().unwrap();
@@ -115,7 +128,7 @@ fn a_half_close_is_passed_on_both_ways() {
     let (daemon, ip) = forwarding(3, &[]);
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     let (mut inside, _) = server.accept().unwrap();
 
     // The client's end reaches the server, which still answers.
@@ -132,7 +145,7 @@ fn a_half_close_is_passed_on_both_ways() {
     assert_eq!(client.read(&mut answer).unwrap(), 0);
 
     // A server that closes half-way: its end reaches the client, which still sends.
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     let (mut inside, _) = server.accept().unwrap();
     inside.write_all(b"bye").unwrap();
     inside.shutdown(Shutdown::Write).unwrap();
@@ -180,7 +193,7 @@ fn a_large_transfer_arrives_whole_both_ways() {
         sender.join().unwrap();
         got
     });
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     let mut writer = client.try_clone().unwrap();
     let sender = thread::spawn(move || {
         writer.write_all(&up).unwrap();
@@ -204,7 +217,7 @@ fn a_listener_going_away_closes_its_forward_and_a_new_one_is_forwarded() {
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = server.local_addr().unwrap();
     let front = forwarded(&daemon, ip, upstream);
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     client.write_all(b"x").unwrap();
     // The server keeps the accepted connection open: only its listener goes.
     let (_inside, _) = server.accept().unwrap();
@@ -233,7 +246,7 @@ fn a_listener_going_away_closes_its_forward_and_a_new_one_is_forwarded() {
         .expect("the port is free again");
     echo_server(reused);
     daemon.log_with(|l| l.ends_with(&format!("forwarding {front} to [::1]:{}", upstream.port())));
-    let mut client = TcpStream::connect(front).unwrap();
+    let mut client = connect(front);
     client.write_all(b"new server").unwrap();
     client.shutdown(Shutdown::Write).unwrap();
     let mut echoed = Vec::new();
@@ -291,9 +304,7 @@ fn a_thousand_concurrent_connections_without_a_thread_each() {
         // The listener stays: its going would close the forward and its connections.
         (server, accepted)
     });
-    let mut clients: Vec<TcpStream> = (0..CONNECTIONS)
-        .map(|_| TcpStream::connect(front).unwrap())
-        .collect();
+    let mut clients: Vec<TcpStream> = (0..CONNECTIONS).map(|_| connect(front)).collect();
     let (_server, mut inside) = acceptor.join().unwrap();
     assert_eq!(threads(&daemon), threads_before);
     for (i, client) in clients.iter_mut().enumerate() {
@@ -322,7 +333,7 @@ fn a_stalled_client_does_not_hold_up_the_others() {
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
     // The stalled client reads nothing while its server sends until the buffers fill.
-    let _stalled = TcpStream::connect(front).unwrap();
+    let _stalled = connect(front);
     let (inside, _) = server.accept().unwrap();
     let flood = thread::spawn(move || {
         let mut inside = inside;
@@ -342,7 +353,7 @@ fn a_stalled_client_does_not_hold_up_the_others() {
     server.set_nonblocking(false).unwrap();
     echo_server(server);
     for round in 0..20u8 {
-        let mut client = TcpStream::connect(front).unwrap();
+        let mut client = connect(front);
         client.write_all(&[round; 1000]).unwrap();
         client.shutdown(Shutdown::Write).unwrap();
         let mut echoed = Vec::new();
@@ -357,9 +368,9 @@ fn the_caps_refuse_with_a_log_line() {
     let (daemon, ip) = forwarding(8, &["--forward-max-connections", "2"]);
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
-    let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(front).unwrap()).collect();
+    let held: Vec<TcpStream> = (0..2).map(|_| connect(front)).collect();
     let _inside: Vec<TcpStream> = (0..2).map(|_| server.accept().unwrap().0).collect();
-    let mut third = TcpStream::connect(front).unwrap();
+    let mut third = connect(front);
     third
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

@@ -11,7 +11,6 @@
 //! (`shutdown(SHUT_WR)`, after what was pending); when both directions have ended, or either
 //! side fails, both sockets are closed together.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -45,6 +44,7 @@ pub enum Command {
 }
 
 struct Port {
+    port: u16,
     listener: TcpListener,
     upstream: SocketAddr,
     open: usize,
@@ -83,9 +83,11 @@ enum Progress {
 
 pub struct Relay {
     epoll: Epoll,
-    ports: HashMap<u16, Port>,
-    pairs: HashMap<u64, Pair>,
-    next_id: u64,
+    /// Few (the cap on ports): searched in order.
+    ports: Vec<Port>,
+    /// Indexed by a connection's number, which its sockets' tokens carry; `None` is free.
+    pairs: Vec<Option<Pair>>,
+    free: Vec<usize>,
     scratch: Box<[u8]>,
     /// Tokens with work left over from the last turn.
     again: Vec<u64>,
@@ -97,9 +99,9 @@ impl Relay {
     pub fn new(per_port: usize) -> io::Result<Relay> {
         Ok(Relay {
             epoll: Epoll::new()?,
-            ports: HashMap::new(),
-            pairs: HashMap::new(),
-            next_id: 1,
+            ports: Vec::new(),
+            pairs: Vec::new(),
+            free: Vec::new(),
             scratch: vec![0; SCRATCH].into_boxed_slice(),
             again: Vec::new(),
             events: Vec::with_capacity(256),
@@ -130,21 +132,25 @@ impl Relay {
             ));
             return;
         }
-        self.ports.insert(
+        self.ports.retain(|p| p.port != port);
+        self.ports.push(Port {
             port,
-            Port {
-                listener,
-                upstream,
-                open: 0,
-                refused_unlogged: 0,
-                last_refusal_log: None,
-            },
-        );
+            listener,
+            upstream,
+            open: 0,
+            refused_unlogged: 0,
+            last_refusal_log: None,
+        });
     }
 
     fn close_port(&mut self, port: u16) {
-        self.ports.remove(&port);
-        self.pairs.retain(|_, pair| pair.port != port);
+        self.ports.retain(|p| p.port != port);
+        for (index, slot) in self.pairs.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|pair| pair.port == port) {
+                *slot = None;
+                self.free.push(index);
+            }
+        }
     }
 
     /// Waits at most `timeout` (none if work is left over) and moves what is ready; true when
@@ -170,7 +176,7 @@ impl Relay {
             } else if token & LISTENER != 0 {
                 self.accept(u16::try_from(token & 0xffff).unwrap_or(0));
             } else {
-                self.drive(token >> 1);
+                self.drive(pair_index(token));
             }
         }
         woke
@@ -178,7 +184,7 @@ impl Relay {
 
     fn accept(&mut self, port: u16) {
         for _ in 0..ACCEPTS_PER_TURN {
-            let Some(entry) = self.ports.get_mut(&port) else {
+            let Some(entry) = self.ports.iter_mut().find(|p| p.port == port) else {
                 return;
             };
             let client = match entry.listener.accept() {
@@ -220,12 +226,14 @@ impl Relay {
                 // removes the forward when the listener is gone).
                 Err(_) => continue,
             };
-            let id = self.next_id;
-            self.next_id += 1;
+            let index = self.free.pop().unwrap_or(self.pairs.len());
             let registered = self
                 .epoll
-                .add(client.as_fd(), id << 1, EDGE_ALL)
-                .and_then(|()| self.epoll.add(stream.as_fd(), (id << 1) | 1, EDGE_ALL));
+                .add(client.as_fd(), pair_token(index), EDGE_ALL)
+                .and_then(|()| {
+                    self.epoll
+                        .add(stream.as_fd(), pair_token(index) | 1, EDGE_ALL)
+                });
             if let Err(e) = registered {
                 log::line(format_args!(
                     "forward :{port}: cannot watch a connection: {e}"
@@ -233,35 +241,41 @@ impl Relay {
                 continue;
             }
             entry.open += 1;
-            self.pairs.insert(
-                id,
-                Pair {
-                    port,
-                    client,
-                    upstream: stream,
-                    connected,
-                    flows: [Flow::default(), Flow::default()],
-                },
-            );
+            let pair = Pair {
+                port,
+                client,
+                upstream: stream,
+                connected,
+                flows: [Flow::default(), Flow::default()],
+            };
+            match self.pairs.get_mut(index) {
+                Some(slot) => *slot = Some(pair),
+                None => self.pairs.push(Some(pair)),
+            }
         }
         self.again.push(LISTENER | u64::from(port));
     }
 
-    fn drive(&mut self, id: u64) {
-        let Some(pair) = self.pairs.get_mut(&id) else {
+    /// Moves the connection numbered `index` on. A token of a connection closed earlier in
+    /// the same turn may name its slot's next occupant: a step too many, which finds nothing
+    /// ready.
+    fn drive(&mut self, index: usize) {
+        let Some(Some(pair)) = self.pairs.get_mut(index) else {
             return;
         };
+        let token = pair_token(index);
         match pair.step(&mut self.scratch) {
             Progress::Waiting => {}
             Progress::More => {
-                if !self.again.contains(&(id << 1)) {
-                    self.again.push(id << 1);
+                if !self.again.contains(&token) {
+                    self.again.push(token);
                 }
             }
             Progress::Finished => {
                 let port = pair.port;
-                self.pairs.remove(&id);
-                if let Some(entry) = self.ports.get_mut(&port) {
+                self.pairs[index] = None;
+                self.free.push(index);
+                if let Some(entry) = self.ports.iter_mut().find(|p| p.port == port) {
                     entry.open = entry.open.saturating_sub(1);
                 }
             }
@@ -271,8 +285,20 @@ impl Relay {
     /// Connections open through the forwards (for tests).
     #[cfg(test)]
     fn open_pairs(&self) -> usize {
-        self.pairs.len()
+        self.pairs.iter().flatten().count()
     }
+}
+
+/// The token of the client side of the connection numbered `index`; its upstream side's is the
+/// next one. Never [`WAKE`], never with the [`LISTENER`] bit (far more connections than fit in
+/// memory).
+fn pair_token(index: usize) -> u64 {
+    u64::try_from(index).map_or(0, |i| (i + 1) << 1)
+}
+
+/// The number of the connection a token of [`pair_token`] names.
+fn pair_index(token: u64) -> usize {
+    usize::try_from((token >> 1).saturating_sub(1)).unwrap_or(usize::MAX)
 }
 
 impl Pair {
@@ -429,6 +455,17 @@ mod tests {
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).unwrap();
         assert_eq!(answer, b"world");
+    }
+
+    #[test]
+    fn connection_tokens_are_not_the_wake_token_nor_listeners() {
+        assert_ne!(pair_token(0), WAKE);
+        assert_ne!(pair_token(0) | 1, WAKE);
+        for index in [0, 1, 7, 1 << 40] {
+            assert_eq!(pair_index(pair_token(index)), index);
+            assert_eq!(pair_index(pair_token(index) | 1), index);
+            assert_eq!(pair_token(index) & LISTENER, 0);
+        }
     }
 
     #[test]

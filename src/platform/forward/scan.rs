@@ -7,7 +7,6 @@
 //! measurements). The messages are built and read here in safe code; `sys::net` moves their
 //! bytes. [`plan`] is pure: listening sockets in, the ports to forward out.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -146,14 +145,22 @@ fn ne_u32(b: &[u8]) -> u32 {
     u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
 }
 
+/// Forwards by port: the port and the loopback address a forward connects to, sorted by port,
+/// one entry per port.
+pub type Forwards = Vec<(u16, SocketAddr)>;
+
 /// What [`plan`] decided about the ports seen on loopback.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    /// Port to the loopback address the forward connects to (`127.0.0.1` when a server
-    /// listens there, else `::1`).
-    pub forward: BTreeMap<u16, SocketAddr>,
+    /// The upstream is `127.0.0.1` when a server listens there, else `::1`.
+    pub forward: Forwards,
     /// Loopback ports left out because the cap on forwarded ports is reached.
     pub over_cap: Vec<u16>,
+}
+
+/// Whether `port` is one of `forwards`.
+pub fn has(forwards: &Forwards, port: u16) -> bool {
+    forwards.binary_search_by_key(&port, |(p, _)| *p).is_ok()
 }
 
 /// The ports to forward: those with a listener on `127.0.0.1` or `::1` (envd's choice), except
@@ -165,35 +172,37 @@ pub fn plan(
     listening: &[Listening],
     forward_ip: IpAddr,
     own: u16,
-    ours: &BTreeMap<u16, SocketAddr>,
+    ours: &Forwards,
     cap: usize,
 ) -> Plan {
-    let mut loopback: BTreeMap<u16, SocketAddr> = BTreeMap::new();
-    let mut reachable = std::collections::BTreeSet::new();
-    for l in listening {
-        if l.ip.is_unspecified() || (l.ip == forward_ip && !ours.contains_key(&l.port)) {
-            reachable.insert(l.port);
-        }
-        if l.ip == IpAddr::V4(Ipv4Addr::LOCALHOST) {
-            loopback.insert(l.port, SocketAddr::new(l.ip, l.port));
-        } else if l.ip == IpAddr::V6(Ipv6Addr::LOCALHOST) {
-            loopback
-                .entry(l.port)
-                .or_insert(SocketAddr::new(l.ip, l.port));
-        }
-    }
-    loopback.retain(|port, _| *port != own && !reachable.contains(port));
+    let mut reachable: Vec<u16> = listening
+        .iter()
+        .filter(|l| l.ip.is_unspecified() || (l.ip == forward_ip && !has(ours, l.port)))
+        .map(|l| l.port)
+        .collect();
+    reachable.sort_unstable();
+    let mut loopback: Forwards = listening
+        .iter()
+        .filter(|l| {
+            l.ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || l.ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
+        })
+        .filter(|l| l.port != own && reachable.binary_search(&l.port).is_err())
+        .map(|l| (l.port, SocketAddr::new(l.ip, l.port)))
+        .collect();
+    // IPv4 first within a port, then one entry per port.
+    loopback.sort_unstable_by_key(|(port, upstream)| (*port, upstream.is_ipv6()));
+    loopback.dedup_by_key(|(port, _)| *port);
     let mut result = Plan::default();
-    let (kept, new): (Vec<_>, Vec<_>) = loopback
-        .into_iter()
-        .partition(|(port, _)| ours.contains_key(port));
+    let (kept, new): (Forwards, Forwards) =
+        loopback.into_iter().partition(|(port, _)| has(ours, *port));
     for (port, upstream) in kept.into_iter().chain(new) {
         if result.forward.len() < cap {
-            result.forward.insert(port, upstream);
+            result.forward.push((port, upstream));
         } else {
             result.over_cap.push(port);
         }
     }
+    result.forward.sort_unstable_by_key(|(port, _)| *port);
     result
 }
 
@@ -302,8 +311,8 @@ mod tests {
             l("127.0.0.2", 7000),
             l("127.0.0.3", 8000),
         ];
-        let plan = plan(&listening, fwd, 49983, &BTreeMap::new(), 10);
-        let expected: BTreeMap<u16, SocketAddr> =
+        let plan = plan(&listening, fwd, 49983, &Vec::new(), 10);
+        let expected: Forwards =
             [(3000, addr("127.0.0.1:3000")), (4000, addr("[::1]:4000"))].into();
         assert_eq!(plan.forward, expected);
         assert!(plan.over_cap.is_empty());
@@ -313,7 +322,7 @@ mod tests {
     fn our_own_forward_listener_does_not_hide_its_port() {
         let fwd: IpAddr = "127.0.0.2".parse().unwrap();
         let listening = [l("127.0.0.1", 7000), l("127.0.0.2", 7000)];
-        let ours: BTreeMap<u16, SocketAddr> = [(7000, addr("127.0.0.1:7000"))].into();
+        let ours: Forwards = vec![(7000, addr("127.0.0.1:7000"))];
         let plan = plan(&listening, fwd, 1, &ours, 10);
         assert_eq!(plan.forward, ours);
     }
@@ -322,9 +331,10 @@ mod tests {
     fn past_the_cap_forwards_kept_win_and_the_rest_is_listed() {
         let fwd: IpAddr = "127.0.0.2".parse().unwrap();
         let listening = [l("127.0.0.1", 1), l("127.0.0.1", 2), l("127.0.0.1", 3)];
-        let ours: BTreeMap<u16, SocketAddr> = [(3, addr("127.0.0.1:3"))].into();
+        let ours: Forwards = vec![(3, addr("127.0.0.1:3"))];
         let plan = plan(&listening, fwd, 9, &ours, 2);
-        assert_eq!(plan.forward.keys().copied().collect::<Vec<_>>(), vec![1, 3]);
+        let ports: Vec<u16> = plan.forward.iter().map(|(port, _)| *port).collect();
+        assert_eq!(ports, vec![1, 3]);
         assert_eq!(plan.over_cap, vec![2]);
     }
 }

@@ -8,14 +8,13 @@
 //! ([`Supervisor::nudge`]), the forwarder's own thread every [`FAST_EVERY`], so a dev server
 //! started by a command is reachable within that.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::relay::Command;
-use super::scan::{self, Scanner};
+use super::scan::{self, Forwards, Scanner};
 use crate::log;
 use crate::sys::poll::EventFd;
 
@@ -51,9 +50,10 @@ struct State {
     address_ready: bool,
     said_waiting: bool,
     failing: Option<String>,
-    forwarded: BTreeMap<u16, SocketAddr>,
-    over_cap: BTreeSet<u16>,
-    bind_failed: BTreeSet<u16>,
+    forwarded: Forwards,
+    over_cap: Vec<u16>,
+    /// Ports whose forward listener could not be bound (said once; retried each scan).
+    bind_failed: Vec<u16>,
     last_scan: Option<Instant>,
     fast_until: Option<Instant>,
 }
@@ -160,45 +160,46 @@ impl Supervisor {
             self.settings.max_ports,
         );
         let mut commands = Vec::new();
-        state.forwarded.retain(|port, upstream| {
-            if plan.forward.get(port) == Some(upstream) {
+        state.forwarded.retain(|&(port, upstream)| {
+            if plan.forward.contains(&(port, upstream)) {
                 return true;
             }
             log::line(format_args!(
                 "forward {address}:{port} closed: nothing listens on {upstream} any more"
             ));
-            commands.push(Command::Close { port: *port });
+            commands.push(Command::Close { port });
             false
         });
         state
             .bind_failed
-            .retain(|port| plan.forward.contains_key(port));
-        for (&port, &upstream) in &plan.forward {
-            if state.forwarded.contains_key(&port) {
+            .retain(|port| scan::has(&plan.forward, *port));
+        for &(port, upstream) in &plan.forward {
+            if scan::has(&state.forwarded, port) {
                 continue;
             }
             match TcpListener::bind(SocketAddr::new(address, port)) {
                 Ok(listener) => {
                     log::line(format_args!("forwarding {address}:{port} to {upstream}"));
-                    state.bind_failed.remove(&port);
-                    state.forwarded.insert(port, upstream);
+                    state.bind_failed.retain(|p| *p != port);
+                    state.forwarded.push((port, upstream));
                     commands.push(Command::Open { listener, upstream });
                 }
                 Err(e) => {
-                    if state.bind_failed.insert(port) {
+                    if !state.bind_failed.contains(&port) {
+                        state.bind_failed.push(port);
                         log::line(format_args!("cannot forward {address}:{port}: {e}"));
                     }
                 }
             }
         }
-        let over_cap: BTreeSet<u16> = plan.over_cap.into_iter().collect();
-        for port in over_cap.difference(&state.over_cap) {
+        state.forwarded.sort_unstable_by_key(|(port, _)| *port);
+        for port in plan.over_cap.iter().filter(|p| !state.over_cap.contains(p)) {
             log::line(format_args!(
                 "not forwarding localhost:{port}: {} ports are forwarded, the cap",
                 self.settings.max_ports
             ));
         }
-        state.over_cap = over_cap;
+        state.over_cap = plan.over_cap;
         if !commands.is_empty() {
             self.inbox
                 .lock()
