@@ -298,14 +298,25 @@ fn a_thousand_concurrent_connections_without_a_thread_each() {
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
     let threads_before = threads(&daemon);
     let acceptor = thread::spawn(move || {
-        let accepted = (0..CONNECTIONS)
-            .map(|_| server.accept().unwrap().0)
-            .collect::<Vec<_>>();
+        // Polled with a deadline, so a connection lost on the way fails the test with the log.
+        server.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut accepted = Vec::with_capacity(CONNECTIONS);
+        while accepted.len() < CONNECTIONS && std::time::Instant::now() < deadline {
+            match server.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false).unwrap();
+                    accepted.push(stream);
+                }
+                Err(_) => thread::sleep(Duration::from_millis(1)),
+            }
+        }
         // The listener stays: its going would close the forward and its connections.
         (server, accepted)
     });
     let mut clients: Vec<TcpStream> = (0..CONNECTIONS).map(|_| connect(front)).collect();
     let (_server, mut inside) = acceptor.join().unwrap();
+    assert_eq!(inside.len(), CONNECTIONS, "{:?}", daemon.log());
     assert_eq!(threads(&daemon), threads_before);
     for (i, client) in clients.iter_mut().enumerate() {
         client.write_all(&(i as u64).to_le_bytes()).unwrap();

@@ -1,8 +1,8 @@
 """The port forwarder's figures (scripts/bench/forward runs this; see there). Loopback only.
 
-Arguments: PORT TOKEN PID OFF_PID FORWARD_IP SOCAT_IP. A sandboxd on 127.0.0.1:PORT with token
+Arguments: PORT TOKEN PID OFF_PID FORWARD_IP SOCAT_IP OFF_PORT. A sandboxd on 127.0.0.1:PORT with token
 TOKEN and pid PID forwards localhost ports to FORWARD_IP; OFF_PID is a sandboxd started with
-`--forward-address off`, the idle peer; socat (the peer for bytes) is started here per port on
+`--forward-address off` on 127.0.0.1:OFF_PORT, the peer for idle cost and `/health`; socat (the peer for bytes) is started here per port on
 SOCAT_IP, as envd starts it. The byte sink runs in a process of its own (no shared GIL with the
 sender). Every figure is printed and, for `make bench`, given to
 bench_row. Stdlib only.
@@ -11,14 +11,15 @@ import json, multiprocessing, os, socket, statistics, subprocess, sys, threading
 
 from benchrow import bench_row
 
-PORT, TOKEN, PID, OFF_PID = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-PORT = int(PORT)
-FWD, SOCAT_IP = sys.argv[5], sys.argv[6]
+PORT, TOKEN, PID, OFF_PID = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+FWD, SOCAT_IP, OFF_PORT = sys.argv[5], sys.argv[6], int(sys.argv[7])
 GIB = int(os.environ.get("FORWARD_BYTES", str(1 << 30)))
 ROUNDS = int(os.environ.get("FORWARD_ROUNDS", "3"))
 LATENCY_ROUNDS = int(os.environ.get("LATENCY_ROUNDS", "100"))
 IDLE_ROUNDS = int(os.environ.get("IDLE_ROUNDS", "20"))
 HELD = int(os.environ.get("HELD", "1000"))
+# FORWARD_ONLY=bytes: only the 1 GiB and round-trip figures (to compare builds quickly).
+ONLY = os.environ.get("FORWARD_ONLY", "")
 
 
 def p(values, q):
@@ -115,6 +116,13 @@ def sink_loop(server, results):
         results.put(total)
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def throughput(ip, port, results):
     chunk = memoryview(bytearray(1 << 20))
     t = time.perf_counter()
@@ -123,7 +131,9 @@ def throughput(ip, port, results):
             s.sendall(chunk)
         s.shutdown(socket.SHUT_WR)
         s.recv(1)
-    total = results.get(timeout=120)
+    total = 0
+    while total == 0:  # the probes that waited for the forward and socat were empty connections
+        total = results.get(timeout=120)
     took = time.perf_counter() - t
     assert total == GIB, total
     return GIB / took / 1e6
@@ -170,11 +180,11 @@ def proc_status(field):
                 return int(line.split()[1])
 
 
-def health_p99(n=300):
+def health_p99(port, n=300):
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", PORT)) as s:
+        with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
             while s.recv(4096):
                 pass
@@ -209,7 +219,7 @@ def wakeups(pids, seconds=20.0):
 def main():
     started = time.perf_counter()
     # 1. listen() to the first forwarded accept, after a process start (fast scans).
-    fast = [listen_to_accept(True) for _ in range(LATENCY_ROUNDS)]
+    fast = [listen_to_accept(True) for _ in range(LATENCY_ROUNDS if ONLY != "bytes" else 1)]
     fast_p50, fast_p99 = p(fast, 0.5) * 1e3, p(fast, 0.99) * 1e3
     print(f"listen() to first forwarded accept, after a Start, {LATENCY_ROUNDS} rounds: "
           f"p50 {fast_p50:.1f} ms, p99 {fast_p99:.1f} ms (envd: up to 1,000 ms plus socat's start)")
@@ -224,10 +234,12 @@ def main():
     sink.start()
     forward_of(port)
     peer = socat(port)
-    direct, ours, theirs = [], [], []
+    direct, ours, theirs, cpu = [], [], [], []
     for _ in range(ROUNDS):
         direct.append(throughput("127.0.0.1", port, results))
+        before = cpu_seconds(PID)
         ours.append(throughput(FWD, port, results))
+        cpu.append((cpu_seconds(PID) - before) / (GIB / (1 << 30)))
         theirs.append(throughput(SOCAT_IP, port, results))
     peer.terminate()
     peer.wait()
@@ -235,7 +247,8 @@ def main():
     server.close()
     d, o, t = statistics.median(direct), statistics.median(ours), statistics.median(theirs)
     print(f"{GIB >> 20} MiB one way, median of {ROUNDS}: direct {d:.0f} MB/s, forward {o:.0f} MB/s "
-          f"({o / d:.2f} × direct), socat {t:.0f} MB/s (forward {o / t:.2f} × socat)")
+          f"({o / d:.2f} × direct), socat {t:.0f} MB/s (forward {o / t:.2f} × socat); "
+          f"the daemon's CPU {statistics.median(cpu):.2f} s per GiB forwarded")
     bench_row("forward: 1 GiB through the forward vs direct (MB/s)", f"{o:.0f}", "direct",
               f"{d:.0f}", f"{o / d:.2f}", ">=0.5")
     bench_row("forward: 1 GiB through the forward vs socat (MB/s)", f"{o:.0f}", "socat",
@@ -255,6 +268,8 @@ def main():
     bench_row("forward: 64-byte round trip p50, added to direct (µs)", f"{ro - rd:.1f}", "socat",
               f"{rs - rd:.1f}", "-", "<=50")
 
+    if ONLY == "bytes":
+        return
     # 4. HELD connections held open through the forward (echo server still up).
     rss0, threads0 = proc_status("VmRSS"), proc_status("Threads")
     held = []
@@ -264,12 +279,13 @@ def main():
         held.append(c)
     for c in held:
         assert c.recv(4) == b"ping"
-    p99 = health_p99()
+    p99, peer99 = health_p99(PORT), health_p99(OFF_PORT)
     rss, threads = proc_status("VmRSS"), proc_status("Threads")
-    print(f"{HELD} forwarded connections held: /health p99 {p99:.1f} ms, RSS {rss0 / 1024:.1f} -> "
+    print(f"{HELD} forwarded connections held: /health p99 {p99:.1f} ms (the daemon without "
+          f"forwarding, same moment: {peer99:.1f} ms), RSS {rss0 / 1024:.1f} -> "
           f"{rss / 1024:.1f} MiB, threads {threads0} -> {threads}")
     bench_row(f"forward: /health p99 with {HELD} forwarded connections held (ms)", f"{p99:.1f}",
-              "-", "-", "-", "<=20")
+              "forwarding off, none held", f"{peer99:.1f}", f"{p99 / peer99:.2f}", "-")
     bench_row(f"forward: RSS with {HELD} forwarded connections held (MiB)", f"{rss / 1024:.1f}",
               "-", "-", "-", "<=16")
     for c in held:

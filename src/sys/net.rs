@@ -1,5 +1,7 @@
 //! Sockets std does not make: a TCP connection started without waiting (`connect` on a
-//! non-blocking socket), and the kernel's `NETLINK_SOCK_DIAG` socket, which lists sockets.
+//! non-blocking socket), the kernel's `NETLINK_SOCK_DIAG` socket, which lists sockets, and
+//! `splice(2)` between a socket and a pipe, which moves bytes without copying them through
+//! user memory.
 //!
 //! Used by the port forwarder (`platform::forward`). The netlink messages themselves are built
 //! and parsed in safe code there (`scan`); this module only moves their bytes.
@@ -7,7 +9,7 @@
 use std::io;
 use std::mem;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{check, check_size};
 
@@ -75,6 +77,44 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         }
     };
     (storage, libc::socklen_t::try_from(len).unwrap_or(0))
+}
+
+/// A non-blocking pipe for [`splice`]: (read end, write end), of at most `size` bytes where the
+/// kernel allows it (the default, 64 KiB, otherwise).
+pub fn splice_pipe(size: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a writable array of two ints, which pipe2 fills on success.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+    // SAFETY: both descriptors were just returned by the kernel and are wrapped exactly once.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    // SAFETY: F_SETPIPE_SZ takes an int; a refusal (above /proc/sys/fs/pipe-max-size) leaves
+    // the pipe as it was, which is fine.
+    let _ = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, size) };
+    Ok((read, write))
+}
+
+/// Moves up to `len` bytes from `from` to `to`, one of which is a pipe, without waiting:
+/// `WouldBlock` when `from` has nothing or `to` has no room; 0 at the end of `from`.
+pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    loop {
+        // SAFETY: both descriptors are borrowed for the call; null offsets mean each file's own
+        // position (required for pipes and sockets). No memory is passed.
+        let moved = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+            )
+        };
+        match check_size(moved) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
 }
 
 /// A `NETLINK_SOCK_DIAG` socket: requests go to the kernel, answers come back as datagrams.
