@@ -28,10 +28,17 @@ def p(values, q):
 
 
 def nudge():
-    """A `Start` of /bin/true through the process service: what a client starting a server does."""
+    """A `Start` of /bin/true through the process service: what a client starting a server does.
+    The daemon without forwarding gets the same calls, so the idle figures compare daemons that
+    both run the process service's thread."""
+    start_true(OFF_PORT)
+    start_true(PORT)
+
+
+def start_true(port):
     data = json.dumps({"process": {"cmd": "/bin/true"}}).encode()
     body = bytes([0]) + len(data).to_bytes(4, "big") + data
-    with socket.create_connection(("127.0.0.1", PORT)) as s:
+    with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {TOKEN}\r\n"
                    f"Content-Type: application/connect+json\r\nConnection: close\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
@@ -195,23 +202,31 @@ def health_p99(port, n=300):
 
 def wakeups(pids, seconds=20.0):
     """For each pid: context switches of all its threads per second (each wakeup of a sleeping
-    thread is one), and its CPU share in %, over one window."""
-    def switches(pid):
-        total = 0
+    thread is one), and its CPU share in %, over one window; and the same per thread name."""
+    def threads(pid):
+        counts = {}
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/status") as f:
-                for line in f:
-                    if "ctxt_switches" in line:
-                        total += int(line.split()[1])
-        return total
+                lines = f.read().splitlines()
+            name = lines[0].split(None, 1)[1]
+            switches = sum(int(l.split()[1]) for l in lines if "ctxt_switches" in l)
+            counts[name] = counts.get(name, 0) + switches
+        return counts
+    def switches(pid):
+        return sum(threads(pid).values())
     def cpu(pid):
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     before = [(switches(pid), cpu(pid)) for pid in pids]
+    named = [threads(pid) for pid in pids]
     t0 = time.perf_counter()
     time.sleep(seconds)
     took = time.perf_counter() - t0
+    for pid, was in zip(pids, named):
+        now = threads(pid)
+        busy = {n: round((c - was.get(n, 0)) / took, 2) for n, c in now.items() if c != was.get(n, 0)}
+        print(f"  pid {pid}: switches per second by thread: {busy}")
     return [((switches(pid) - s) / took, (cpu(pid) - c) / took * 100)
             for pid, (s, c) in zip(pids, before)]
 
