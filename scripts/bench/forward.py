@@ -1,18 +1,25 @@
 """The port forwarder's figures (scripts/bench/forward runs this; see there). Loopback only.
 
-Arguments: PORT TOKEN PID OFF_PID FORWARD_IP SOCAT_IP OFF_PORT. A sandboxd on 127.0.0.1:PORT with token
+Arguments: PORT TOKEN PID OFF_PID FORWARD_IP SOCAT_IP OFF_PORT LOG (the forwarding daemon's
+stderr, where its forwards' changes are counted during the idle window). A sandboxd on 127.0.0.1:PORT with token
 TOKEN and pid PID forwards localhost ports to FORWARD_IP; OFF_PID is a sandboxd started with
 `--forward-address off` on 127.0.0.1:OFF_PORT, the peer for idle cost and `/health`; socat (the peer for bytes) is started here per port on
 SOCAT_IP, as envd starts it. The byte sink runs in a process of its own (no shared GIL with the
 sender). Every figure is printed and, for `make bench`, given to
 bench_row. Stdlib only.
 """
-import json, multiprocessing, os, socket, statistics, subprocess, sys, threading, time
+import json, multiprocessing, random, os, socket, statistics, subprocess, sys, threading, time
 
 from benchrow import bench_row
 
 PORT, TOKEN, PID, OFF_PID = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-FWD, SOCAT_IP, OFF_PORT = sys.argv[5], sys.argv[6], int(sys.argv[7])
+FWD, SOCAT_IP, OFF_PORT, LOG = sys.argv[5], sys.argv[6], int(sys.argv[7]), sys.argv[8]
+
+
+def forward_changes():
+    """Lines of the daemon's log that record a forward opened or closed."""
+    with open(LOG, errors="replace") as f:
+        return sum(1 for line in f if f"forwarding {FWD}:" in line or f"forward {FWD}:" in line)
 GIB = int(os.environ.get("FORWARD_BYTES", str(1 << 30)))
 ROUNDS = int(os.environ.get("FORWARD_ROUNDS", "3"))
 LATENCY_ROUNDS = int(os.environ.get("LATENCY_ROUNDS", "100"))
@@ -69,6 +76,10 @@ def listen_to_accept(with_nudge):
     forward address (the client retries every millisecond until the forward exists)."""
     if with_nudge:
         nudge()
+    else:
+        # A random phase against the 1 s scan: the last round ended right after a scan (its
+        # forward's closing), and a server in the wild starts at any moment.
+        time.sleep(random.random())
     server = listen()
     t0 = time.perf_counter()
     port = server.getsockname()[1]
@@ -312,7 +323,11 @@ def main():
     server = listen()
     forward_of(server.getsockname()[1])
     time.sleep(65)
+    changes = forward_changes()
     (rate, cpu), (off_rate, off_cpu) = wakeups([PID, OFF_PID])
+    changes = forward_changes() - changes
+    print(f"  forwards opened or closed during the window (other servers on this machine's "
+          f"loopback come and go): {changes}")
     print(f"idle over 20 s: forwarder on with one forward {rate:.2f} context switches/s, "
           f"{cpu:.3f} % CPU; --forward-address off {off_rate:.2f}/s, {off_cpu:.3f} % CPU")
     bench_row("forward: idle wakeups per second, forwarder on", f"{rate:.2f}", "forwarding off",
