@@ -160,6 +160,7 @@ impl Supervisor {
             self.settings.max_ports,
         );
         let mut commands = Vec::new();
+        let mut closed = Vec::new();
         state.forwarded.retain(|&(port, upstream)| {
             if plan.forward.contains(&(port, upstream)) {
                 return true;
@@ -168,13 +169,16 @@ impl Supervisor {
                 "forward {address}:{port} closed: nothing listens on {upstream} any more"
             ));
             commands.push(Command::Close { port });
+            closed.push(port);
             false
         });
         state
             .bind_failed
             .retain(|port| scan::has(&plan.forward, *port));
         for &(port, upstream) in &plan.forward {
-            if scan::has(&state.forwarded, port) {
+            // A port closed by this scan (its server moved to the other family) keeps its old
+            // listener until the relay drops it: bound again at the next scan.
+            if scan::has(&state.forwarded, port) || closed.contains(&port) {
                 continue;
             }
             match TcpListener::bind(SocketAddr::new(address, port)) {
