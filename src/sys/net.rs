@@ -117,6 +117,13 @@ pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Resul
     }
 }
 
+/// Listens again on `listener` with this backlog (Linux takes a second `listen` as a change of
+/// the queue's length).
+pub fn set_backlog(listener: &std::net::TcpListener, backlog: i32) -> io::Result<()> {
+    // SAFETY: listen takes no pointers; the descriptor is borrowed for the call.
+    check(unsafe { libc::listen(listener.as_raw_fd(), backlog) }).map(drop)
+}
+
 /// A `NETLINK_SOCK_DIAG` socket: requests go to the kernel, answers come back as datagrams.
 pub struct DiagSocket {
     fd: OwnedFd,

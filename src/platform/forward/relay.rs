@@ -57,6 +57,8 @@ struct Port {
     open: usize,
     refused_unlogged: u64,
     last_refusal_log: Option<Instant>,
+    /// The upstream's refusal was logged; said again only after a connection got through.
+    unreachable_said: bool,
 }
 
 /// One direction of a connection.
@@ -153,6 +155,7 @@ impl Relay {
             open: 0,
             refused_unlogged: 0,
             last_refusal_log: None,
+            unreachable_said: false,
         });
     }
 
@@ -238,12 +241,16 @@ impl Relay {
                 // The server is gone or refuses: the client is closed (the next scan
                 // removes the forward when the listener is gone).
                 Err(e) => {
-                    log::line(format_args!(
-                        "forward :{port}: cannot reach {upstream}: {e}"
-                    ));
+                    if !entry.unreachable_said {
+                        entry.unreachable_said = true;
+                        log::line(format_args!(
+                            "forward :{port}: cannot reach {upstream}: {e}"
+                        ));
+                    }
                     continue;
                 }
             };
+            entry.unreachable_said = false;
             let index = self.free.pop().unwrap_or(self.pairs.len());
             let registered = self
                 .epoll

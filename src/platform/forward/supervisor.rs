@@ -175,17 +175,19 @@ impl Supervisor {
         state
             .bind_failed
             .retain(|port| scan::has(&plan.forward, *port));
+        // Added after the loop: `forwarded` stays sorted for `scan::has` while it runs.
+        let mut opened = Vec::new();
         for &(port, upstream) in &plan.forward {
             // A port closed by this scan (its server moved to the other family) keeps its old
             // listener until the relay drops it: bound again at the next scan.
             if scan::has(&state.forwarded, port) || closed.contains(&port) {
                 continue;
             }
-            match TcpListener::bind(SocketAddr::new(address, port)) {
+            match bind(SocketAddr::new(address, port)) {
                 Ok(listener) => {
                     log::line(format_args!("forwarding {address}:{port} to {upstream}"));
                     state.bind_failed.retain(|p| *p != port);
-                    state.forwarded.push((port, upstream));
+                    opened.push((port, upstream));
                     commands.push(Command::Open { listener, upstream });
                 }
                 Err(e) => {
@@ -196,6 +198,7 @@ impl Supervisor {
                 }
             }
         }
+        state.forwarded.extend(opened);
         state.forwarded.sort_unstable_by_key(|(port, _)| *port);
         for port in plan.over_cap.iter().filter(|p| !state.over_cap.contains(p)) {
             log::line(format_args!(
@@ -213,3 +216,14 @@ impl Supervisor {
         }
     }
 }
+
+/// A forward listener: std's bind (with `SO_REUSEADDR`), then a backlog like a server's own
+/// rather than std's 128, so a burst of clients is queued, not dropped to retry a second later.
+fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(address)?;
+    crate::sys::net::set_backlog(&listener, BACKLOG)?;
+    Ok(listener)
+}
+
+/// The kernel caps it at `net.core.somaxconn` (4096 by default since Linux 5.4).
+const BACKLOG: i32 = 4096;
