@@ -19,9 +19,10 @@ pub use usage::help;
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
-    FSFREEZE_PATH, FS_AS_USER, HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN,
-    LOG_FORMAT, MMDS_ADDRESS, OPTIONS, PASSWD_FILE, PROCESS_CGROUPS, PROC_ROOT, SEND_TIMEOUT,
-    SYSTEM_ROOT, THAW_WATCHDOG, UPGRADE_PATH, WORKERS,
+    FORWARD_ADDRESS, FORWARD_MAX_CONNECTIONS, FORWARD_MAX_PORTS, FSFREEZE_PATH, FS_AS_USER,
+    HEADER_TIMEOUT, IDLE_TIMEOUT, INIT_TOKEN_HASH_FILE, LISTEN, LOG_FORMAT, MMDS_ADDRESS, OPTIONS,
+    PASSWD_FILE, PROCESS_CGROUPS, PROC_ROOT, SEND_TIMEOUT, SYSTEM_ROOT, THAW_WATCHDOG,
+    UPGRADE_PATH, WORKERS,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +59,10 @@ pub struct Config {
     pub fsfreeze_path: PathBuf,
     /// `--thaw-watchdog`: how long a freeze nobody ends lasts.
     pub thaw_watchdog: Duration,
+    /// `--forward-address` (`None`: off) and the forwarder's caps (SPEC §11).
+    pub forward_address: Option<std::net::IpAddr>,
+    pub forward_max_ports: usize,
+    pub forward_max_connections: usize,
     /// envd's flags as given (`envd`); `-port` and `-isnotfc` are already folded into `listen`
     /// and `mmds_address`, the others only change what start-up logs.
     pub envd: EnvdFlags,
@@ -169,6 +174,9 @@ fn parse_serve(
         },
         fsfreeze_path: given.read(&FSFREEZE_PATH)?,
         thaw_watchdog: given.read(&THAW_WATCHDOG)?,
+        forward_address: given.read(&FORWARD_ADDRESS)?,
+        forward_max_ports: given.read(&FORWARD_MAX_PORTS)?,
+        forward_max_connections: given.read(&FORWARD_MAX_CONNECTIONS)?,
         envd,
     })
 }

@@ -80,6 +80,7 @@ pub fn run(config: Config) -> ExitCode {
             }
         },
     };
+    let own_port = listener.local_addr().ok().map(|a| a.port());
     let address = listener
         .local_addr()
         .map_or_else(|_| config.listen.to_string(), |a| a.to_string());
@@ -128,6 +129,14 @@ pub fn run(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(forward_address) = app.config.forward_address {
+        crate::platform::forward::start(crate::platform::forward::Settings {
+            address: forward_address,
+            own_port: own_port.unwrap_or(app.config.listen.port()),
+            max_ports: app.config.forward_max_ports,
+            max_connections: app.config.forward_max_connections,
+        });
+    }
     log::line(format_args!(
         "sandboxd {} listening on {address} with {workers} workers",
         env!("CARGO_PKG_VERSION")

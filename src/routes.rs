@@ -74,6 +74,11 @@ impl Handler for Router {
     fn notice(&self, message: fmt::Arguments<'_>) {
         log::line(message);
     }
+
+    /// The port forwarder's idle-time scan rides on the timekeeper's round.
+    fn tick(&self) {
+        crate::platform::forward::tick();
+    }
 }
 
 fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {

@@ -37,6 +37,8 @@ mod download_gzip;
 mod envd_compat;
 // envd's command line: `envd -port N -isnotfc` serves, -verbose and -no-cgroups, -commit.
 mod envd_cli;
+// Localhost port forwarding: servers on 127.0.0.1 and ::1 reached through 127.0.0.x.
+mod forward;
 // --fs-as-user: file routes and filesystem calls with the caller's rights; workers back to root.
 mod fs_as_user;
 // Hostile and broken clients, each answer exact, /health still served.

@@ -8,7 +8,7 @@
 //! (so the default users read is the default they get), or words for a computed or absent
 //! value, which the setting's `absent` gives.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -86,6 +86,9 @@ pub const OPTIONS: &[Opt] = &[
     PROCESS_CGROUPS.opt,
     FSFREEZE_PATH.opt,
     THAW_WATCHDOG.opt,
+    FORWARD_ADDRESS.opt,
+    FORWARD_MAX_PORTS.opt,
+    FORWARD_MAX_CONNECTIONS.opt,
 ];
 
 pub const LISTEN: Setting<SocketAddr> = Setting {
@@ -390,6 +393,26 @@ pub const LOG_FORMAT: Setting<crate::log::Format> = Setting {
     absent: None,
 };
 
+/// SPEC §12: envd's address for the sandbox (its port forwarder's `socat`s bind there).
+pub const FORWARD_ADDRESS: Setting<Option<IpAddr>> = Setting {
+    opt: Opt {
+        flag: Some("--forward-address"),
+        env: "SANDBOXD_FORWARD_ADDRESS",
+        value: "ADDR",
+        default: Fallback::Text("169.254.0.21"),
+        help: "servers listening only on `127.0.0.1` or `::1` are forwarded to this address, same \
+               port (`off`: no forwarding; an address on no interface is waited for)",
+    },
+    parse: |flag, text| match text {
+        "off" => Ok(None),
+        text => text
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{flag}: '{text}' is neither an IP address nor 'off'")),
+    },
+    absent: None,
+};
+
 /// `--upgrade-path`: where `POST /upgrade` puts the new binary (SPEC §9c), envd's fixed path.
 pub const UPGRADE_PATH: Setting<PathBuf> = Setting {
     opt: Opt {
@@ -403,6 +426,38 @@ pub const UPGRADE_PATH: Setting<PathBuf> = Setting {
     parse: |flag, text| absolute_path(flag, text),
     absent: None,
 };
+
+pub const FORWARD_MAX_PORTS: Setting<usize> = Setting {
+    opt: Opt {
+        flag: Some("--forward-max-ports"),
+        env: "SANDBOXD_FORWARD_MAX_PORTS",
+        value: "N",
+        default: Fallback::Text("64"),
+        help: "most ports forwarded at once; more are logged and left out",
+    },
+    parse: |flag, text| parse_count(flag, text, 65_535),
+    absent: None,
+};
+
+pub const FORWARD_MAX_CONNECTIONS: Setting<usize> = Setting {
+    opt: Opt {
+        flag: Some("--forward-max-connections"),
+        env: "SANDBOXD_FORWARD_MAX_CONNECTIONS",
+        value: "N",
+        default: Fallback::Text("1024"),
+        help: "most connections open through one forwarded port; more are closed at once and \
+               logged",
+    },
+    parse: |flag, text| parse_count(flag, text, 1 << 20),
+    absent: None,
+};
+
+fn parse_count(flag: &str, text: &str, max: usize) -> Result<usize, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("{flag} must be between 1 and {max}, not '{text}'"))
+}
 
 /// Four workers per CPU: they block on disks and slow clients, not only on the CPU.
 pub fn default_workers() -> usize {
@@ -513,5 +568,17 @@ mod tests {
         );
         assert_eq!(FSFREEZE_PATH.read(None).unwrap(), PathBuf::from("/"));
         assert_eq!(THAW_WATCHDOG.read(None).unwrap(), Duration::from_secs(600));
+        assert_eq!(
+            FORWARD_ADDRESS.read(None).unwrap(),
+            Some(IpAddr::from([169, 254, 0, 21]))
+        );
+        assert_eq!(FORWARD_ADDRESS.read(Some("off")).unwrap(), None);
+        assert_eq!(
+            FORWARD_ADDRESS.read(Some("::1")).unwrap(),
+            Some(IpAddr::from(std::net::Ipv6Addr::LOCALHOST))
+        );
+        assert!(FORWARD_ADDRESS.read(Some("localhost")).is_err());
+        assert_eq!(FORWARD_MAX_PORTS.read(Some("3")).unwrap(), 3);
+        assert!(FORWARD_MAX_CONNECTIONS.read(Some("0")).is_err());
     }
 }

@@ -14,6 +14,7 @@
 //! - [`fsfreeze`]: `/fsfreeze` and `/fsthaw`, and the gate of the daemon's file writers.
 //! - [`collapse`]: `/collapse`, the daemon's heap into transparent hugepages.
 //! - [`watchdog`]: the backstop that thaws a freeze nobody ended.
+//! - [`forward`]: localhost port forwarding, in a thread of its own (not an `/init` effect).
 
 pub mod atomic_file;
 pub mod ca_bundle;
@@ -21,6 +22,7 @@ pub mod cgroups;
 pub mod clock;
 pub mod collapse;
 pub mod command;
+pub mod forward;
 pub mod fsfreeze;
 pub mod hosts;
 pub mod http_client;

@@ -108,7 +108,18 @@ impl Builder {
         };
         command
             .args(["--listen", "127.0.0.1:0", "--passwd-file"])
-            .arg(&passwd)
+            .arg(&passwd);
+        // No port forwarding unless the test asks for it: every daemon's scanner would see
+        // the loopback servers of all the others (tests/forward.rs gives each its own address).
+        let forwarding = self.args.iter().any(|a| a.starts_with("--forward-address"))
+            || self
+                .env
+                .iter()
+                .any(|(k, _)| k == "SANDBOXD_FORWARD_ADDRESS");
+        if !forwarding {
+            command.args(["--forward-address", "off"]);
+        }
+        command
             .args(&self.args)
             .env_remove("SANDBOXD_ACCESS_TOKEN")
             .env_remove("NOTIFY_SOCKET")

@@ -30,6 +30,11 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Something about the server rather than a request (an accept error, once per burst).
     fn notice(&self, message: std::fmt::Arguments<'_>);
+
+    /// Called by the timekeeper thread on each of its rounds (at most a second apart, more
+    /// often when a timeout is short), for the application's own periodic work, so an idle
+    /// server wakes no more often for it. Must not block for long: deadlines wait meanwhile.
+    fn tick(&self) {}
 }
 
 /// How a request goes on after its head.

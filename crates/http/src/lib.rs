@@ -62,6 +62,8 @@
 //! Deadlines are enforced by a timekeeper thread that hands an expired connection to a worker,
 //! except when its socket is ready: then it is waiting for a worker, not for its peer, and a
 //! complete request that waits for a worker never times out.
+//! Each of its rounds (at most a second apart) also calls [`Handler::tick`], so the
+//! application's periodic work shares a wakeup the server has anyway.
 #![deny(missing_docs)]
 
 mod budget;

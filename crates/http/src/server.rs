@@ -430,6 +430,7 @@ impl<H: Handler> Shared<H> {
             }
             if now >= next_sweep {
                 next_sweep = now + every;
+                self.handler.tick();
                 let expired = lock(&self.slots).sweep(now);
                 for (token, connection) in expired {
                     self.wakeups

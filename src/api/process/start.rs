@@ -52,6 +52,8 @@ fn start_process(
     keepalive: Duration,
     request: StartRequest,
 ) -> Result<Response, Error> {
+    // The command may be a server about to listen: the forwarder scans often for a while.
+    crate::platform::forward::nudge();
     let resolver = app.resolver(username).map_err(api_error)?;
     let user = &resolver.user;
     let config = request.process.unwrap_or_default();

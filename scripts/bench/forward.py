@@ -1,0 +1,360 @@
+"""The port forwarder's figures (scripts/bench/forward runs this; see there). Loopback only.
+
+Arguments: PORT TOKEN PID OFF_PID FORWARD_IP SOCAT_IP OFF_PORT LOG (the forwarding daemon's
+stderr, where its forwards' changes are counted during the idle window). A sandboxd on 127.0.0.1:PORT with token
+TOKEN and pid PID forwards localhost ports to FORWARD_IP; OFF_PID is a sandboxd started with
+`--forward-address off` on 127.0.0.1:OFF_PORT, the peer for idle cost and `/health`; socat (the peer for bytes) is started here per port on
+SOCAT_IP, as envd starts it. The byte sink runs in a process of its own (no shared GIL with the
+sender). Every figure is printed and, for `make bench`, given to
+bench_row. Stdlib only.
+"""
+import json, multiprocessing, random, os, socket, statistics, subprocess, sys, threading, time
+
+from benchrow import bench_row
+
+PORT, TOKEN, PID, OFF_PID = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+FWD, SOCAT_IP, OFF_PORT, LOG = sys.argv[5], sys.argv[6], int(sys.argv[7]), sys.argv[8]
+
+
+def forward_changes():
+    """Lines of the daemon's log that record a forward opened or closed."""
+    with open(LOG, errors="replace") as f:
+        return sum(1 for line in f if f"forwarding {FWD}:" in line or f"forward {FWD}:" in line)
+GIB = int(os.environ.get("FORWARD_BYTES", str(1 << 30)))
+ROUNDS = int(os.environ.get("FORWARD_ROUNDS", "3"))
+LATENCY_ROUNDS = int(os.environ.get("LATENCY_ROUNDS", "100"))
+IDLE_ROUNDS = int(os.environ.get("IDLE_ROUNDS", "20"))
+HELD = int(os.environ.get("HELD", "1000"))
+# FORWARD_ONLY=bytes: only the 1 GiB and round-trip figures (to compare builds quickly).
+ONLY = os.environ.get("FORWARD_ONLY", "")
+
+
+def p(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))]
+
+
+def nudge():
+    """A `Start` of /bin/true through the process service: what a client starting a server does.
+    The daemon without forwarding gets the same calls, so the idle figures compare daemons that
+    both run the process service's thread."""
+    start_true(OFF_PORT)
+    start_true(PORT)
+
+
+def start_true(port):
+    data = json.dumps({"process": {"cmd": "/bin/true"}}).encode()
+    body = bytes([0]) + len(data).to_bytes(4, "big") + data
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {TOKEN}\r\n"
+                   f"Content-Type: application/connect+json\r\nConnection: close\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        while s.recv(65536):
+            pass
+
+
+def listen(ip="127.0.0.1", port=0):
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port))
+    s.listen(4096)
+    return s
+
+
+def wait_refused(ip, port):
+    """Until nothing listens on ip:port (the forward of a closed server is gone)."""
+    for _ in range(5000):
+        try:
+            socket.create_connection((ip, port), timeout=1).close()
+        except OSError:
+            return
+        time.sleep(0.002)
+
+
+def listen_to_accept(with_nudge):
+    """Seconds from listen() on 127.0.0.1 to the server's accept() of a connection made to the
+    forward address (the client retries every millisecond until the forward exists)."""
+    if with_nudge:
+        nudge()
+    else:
+        # A random phase against the 1 s scan: the last round ended right after a scan (its
+        # forward's closing), and a server in the wild starts at any moment.
+        time.sleep(random.random())
+    server = listen()
+    t0 = time.perf_counter()
+    port = server.getsockname()[1]
+    while True:
+        try:
+            client = socket.create_connection((FWD, port), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.001)
+    server.accept()[0].close()
+    took = time.perf_counter() - t0
+    client.close()
+    server.close()
+    wait_refused(FWD, port)
+    return took
+
+
+def socat(port):
+    proc = subprocess.Popen(["socat", f"TCP4-LISTEN:{port},bind={SOCAT_IP},reuseaddr,fork",
+                             f"TCP4:127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+    for _ in range(1000):
+        try:
+            socket.create_connection((SOCAT_IP, port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.005)
+    raise RuntimeError("socat did not start")
+
+
+def forward_of(port):
+    for _ in range(2000):
+        try:
+            socket.create_connection((FWD, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.005)
+    raise RuntimeError(f"port {port} not forwarded")
+
+
+def sink_loop(server, results):
+    """Accepts connections one at a time; each is read to its end and its byte count queued."""
+    buf = bytearray(1 << 20)
+    while True:
+        conn, _ = server.accept()
+        total = 0
+        while True:
+            n = conn.recv_into(buf)
+            if not n:
+                break
+            total += n
+        conn.close()
+        results.put(total)
+
+
+def cpu_seconds(pid):
+    """User and system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(ip, port, results):
+    chunk = memoryview(bytearray(1 << 20))
+    t = time.perf_counter()
+    with socket.create_connection((ip, port)) as s:
+        for _ in range(GIB >> 20):
+            s.sendall(chunk)
+        s.shutdown(socket.SHUT_WR)
+        s.recv(1)
+    total = 0
+    while total == 0:  # the probes that waited for the forward and socat were empty connections
+        total = results.get(timeout=120)
+    took = time.perf_counter() - t
+    assert total == GIB, total
+    return GIB / took / 1e6
+
+
+def echo_server(server):
+    def serve(conn):
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                break
+            conn.sendall(data)
+        conn.close()
+    def loop():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def round_trips(ip, port, n=3000):
+    with socket.create_connection((ip, port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        message = b"x" * 64
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            s.sendall(message)
+            got = 0
+            while got < 64:
+                got += len(s.recv(64 - got))
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[100:]) * 1e6
+
+
+def thread_switches(pid, name):
+    """Context switches so far of the threads of `pid` called `name`."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            lines = f.read().splitlines()
+        if lines[0].split(None, 1)[1] == name:
+            total += sum(int(l.split()[1]) for l in lines if "ctxt_switches" in l)
+    return total
+
+
+def proc_status(field):
+    with open(f"/proc/{PID}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+
+def health_p99(port, n=300):
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            while s.recv(4096):
+                pass
+        times.append(time.perf_counter() - t)
+        time.sleep(0.005)
+    return p(times, 0.99) * 1e3
+
+
+def wakeups(pids, seconds=20.0):
+    """For each pid: context switches of all its threads per second (each wakeup of a sleeping
+    thread is one), and its CPU share in %, over one window; and the same per thread name."""
+    def threads(pid):
+        counts = {}
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                lines = f.read().splitlines()
+            name = lines[0].split(None, 1)[1]
+            switches = sum(int(l.split()[1]) for l in lines if "ctxt_switches" in l)
+            counts[name] = counts.get(name, 0) + switches
+        return counts
+    def switches(pid):
+        return sum(threads(pid).values())
+    def cpu(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    before = [(switches(pid), cpu(pid)) for pid in pids]
+    named = [threads(pid) for pid in pids]
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    took = time.perf_counter() - t0
+    for pid, was in zip(pids, named):
+        now = threads(pid)
+        busy = {n: round((c - was.get(n, 0)) / took, 2) for n, c in now.items() if c != was.get(n, 0)}
+        print(f"  pid {pid}: switches per second by thread: {busy}")
+    return [((switches(pid) - s) / took, (cpu(pid) - c) / took * 100)
+            for pid, (s, c) in zip(pids, before)]
+
+
+def main():
+    started = time.perf_counter()
+    # 1. listen() to the first forwarded accept, after a process start (fast scans).
+    fast = [listen_to_accept(True) for _ in range(LATENCY_ROUNDS if ONLY != "bytes" else 1)]
+    fast_p50, fast_p99 = p(fast, 0.5) * 1e3, p(fast, 0.99) * 1e3
+    print(f"listen() to first forwarded accept, after a Start, {LATENCY_ROUNDS} rounds: "
+          f"p50 {fast_p50:.1f} ms, p99 {fast_p99:.1f} ms (envd: up to 1,000 ms plus socat's start)")
+    bench_row("forward: listen() to first forwarded accept after a Start, p99 (ms)",
+              f"{fast_p99:.1f}", "-", "-", "-", "<=200")
+
+    # 2. 1 GiB one way: direct, through the forward, through socat.
+    results = multiprocessing.Queue()
+    server = listen()
+    port = server.getsockname()[1]
+    sink = multiprocessing.Process(target=sink_loop, args=(server, results), daemon=True)
+    sink.start()
+    forward_of(port)
+    peer = socat(port)
+    direct, ours, theirs, cpu = [], [], [], []
+    for _ in range(ROUNDS):
+        direct.append(throughput("127.0.0.1", port, results))
+        before = cpu_seconds(PID)
+        ours.append(throughput(FWD, port, results))
+        cpu.append((cpu_seconds(PID) - before) / (GIB / (1 << 30)))
+        theirs.append(throughput(SOCAT_IP, port, results))
+    peer.terminate()
+    peer.wait()
+    sink.terminate()
+    server.close()
+    d, o, t = statistics.median(direct), statistics.median(ours), statistics.median(theirs)
+    print(f"{GIB >> 20} MiB one way, median of {ROUNDS}: direct {d:.0f} MB/s, forward {o:.0f} MB/s "
+          f"({o / d:.2f} × direct), socat {t:.0f} MB/s (forward {o / t:.2f} × socat); "
+          f"the daemon's CPU {statistics.median(cpu):.2f} s per GiB forwarded")
+    bench_row("forward: 1 GiB through the forward vs direct (MB/s)", f"{o:.0f}", "direct",
+              f"{d:.0f}", f"{o / d:.2f}", ">=0.5")
+    bench_row("forward: 1 GiB through the forward vs socat (MB/s)", f"{o:.0f}", "socat",
+              f"{t:.0f}", f"{o / t:.2f}", ">=1.5")
+
+    # 3. 64-byte round trips on one connection.
+    server = listen()
+    port = server.getsockname()[1]
+    echo_server(server)
+    forward_of(port)
+    peer = socat(port)
+    rd = round_trips("127.0.0.1", port)
+    before = thread_switches(PID, "forward")
+    ro = round_trips(FWD, port)
+    relay_switches = (thread_switches(PID, "forward") - before) / 3000
+    rs = round_trips(SOCAT_IP, port)
+    peer.terminate()
+    peer.wait()
+    print(f"64-byte round trip p50: direct {rd:.1f} µs, forward {ro:.1f} µs (+{ro - rd:.1f}), "
+          f"socat {rs:.1f} µs (+{rs - rd:.1f}); the forward thread's context switches per round "
+          f"trip: {relay_switches:.2f}")
+    bench_row("forward: 64-byte round trip p50, added to direct (µs)", f"{ro - rd:.1f}", "socat",
+              f"{rs - rd:.1f}", "-", "<=50")
+
+    if ONLY == "bytes":
+        return
+    # 4. HELD connections held open through the forward (echo server still up).
+    rss0, threads0 = proc_status("VmRSS"), proc_status("Threads")
+    held = []
+    for _ in range(HELD):
+        c = socket.create_connection((FWD, port))
+        c.sendall(b"ping")
+        held.append(c)
+    for c in held:
+        assert c.recv(4) == b"ping"
+    p99, peer99 = health_p99(PORT), health_p99(OFF_PORT)
+    rss, threads = proc_status("VmRSS"), proc_status("Threads")
+    print(f"{HELD} forwarded connections held: /health p99 {p99:.1f} ms (the daemon without "
+          f"forwarding, same moment: {peer99:.1f} ms), RSS {rss0 / 1024:.1f} -> "
+          f"{rss / 1024:.1f} MiB, threads {threads0} -> {threads}")
+    bench_row(f"forward: /health p99 with {HELD} forwarded connections held (ms)", f"{p99:.1f}",
+              "forwarding off, none held", f"{peer99:.1f}", f"{p99 / peer99:.2f}", "-")
+    bench_row(f"forward: RSS with {HELD} forwarded connections held (MiB)", f"{rss / 1024:.1f}",
+              "-", "-", "-", "<=16")
+    for c in held:
+        c.close()
+    server.close()
+    wait_refused(FWD, port)
+
+    # 5. Idle: after the fast window of the last Start (60 s), with a forward in place.
+    server = listen()
+    forward_of(server.getsockname()[1])
+    time.sleep(65)
+    changes = forward_changes()
+    (rate, cpu), (off_rate, off_cpu) = wakeups([PID, OFF_PID])
+    changes = forward_changes() - changes
+    print(f"  forwards opened or closed during the window (other servers on this machine's "
+          f"loopback come and go): {changes}")
+    print(f"idle over 20 s: forwarder on with one forward {rate:.2f} context switches/s, "
+          f"{cpu:.3f} % CPU; --forward-address off {off_rate:.2f}/s, {off_cpu:.3f} % CPU")
+    bench_row("forward: idle wakeups per second, forwarder on", f"{rate:.2f}", "forwarding off",
+              f"{off_rate:.2f}", "-", "<=1.0")
+    server.close()
+
+    # 6. listen() to accept when nothing nudged the scanner: the 1 s idle scan.
+    idle = [listen_to_accept(False) for _ in range(IDLE_ROUNDS)]
+    print(f"listen() to first forwarded accept, idle (no Start), {IDLE_ROUNDS} rounds: "
+          f"p50 {p(idle, 0.5) * 1e3:.0f} ms, p99 {p(idle, 0.99) * 1e3:.0f} ms")
+    print(f"(run took {time.perf_counter() - started:.0f} s)")
+
+
+main()

@@ -1,0 +1,79 @@
+//! Localhost port forwarding (SPEC §12): a server inside the sandbox listening only on
+//! `127.0.0.1` or `::1` is made reachable on the forward address, at the same port.
+//!
+//! - [`scan`]: which sockets listen (`sock_diag`), and which ports to forward (pure).
+//! - [`supervisor`]: when to scan, binding the forward listeners, telling the relay.
+//! - [`relay`]: the forwarder's thread: its listeners and every forwarded connection, in one
+//!   epoll, bytes both ways without a thread or an HTTP worker per connection.
+//!
+//! One forwarder per daemon, started by [`start`] once the daemon listens; the HTTP layer's
+//! timekeeper calls [`tick`] and the process service [`nudge`].
+
+pub mod relay;
+pub mod scan;
+pub mod supervisor;
+
+use std::os::fd::AsFd;
+use std::sync::{Arc, OnceLock};
+
+pub use supervisor::Settings;
+use supervisor::Supervisor;
+
+use crate::log;
+
+static RUNNING: OnceLock<Arc<Supervisor>> = OnceLock::new();
+
+/// Starts the forwarder's thread; a failure is logged and leaves forwarding off (the daemon
+/// serves on without it).
+pub fn start(settings: Settings) {
+    let started = Supervisor::new(settings).and_then(|supervisor| {
+        let mut relay = relay::Relay::new(settings.max_connections)?;
+        relay.watch_wake(supervisor.wake.as_fd())?;
+        let supervisor = Arc::new(supervisor);
+        let own = Arc::clone(&supervisor);
+        std::thread::Builder::new()
+            .name("forward".into())
+            .stack_size(128 << 10)
+            .spawn(move || run(&own, &mut relay))?;
+        Ok(supervisor)
+    });
+    match started {
+        Ok(supervisor) => {
+            // The first scan at once rather than at the first tick.
+            supervisor.nudge();
+            let _ = RUNNING.set(supervisor);
+        }
+        Err(e) => log::line(format_args!("port forwarding is off: cannot start it: {e}")),
+    }
+}
+
+fn run(supervisor: &Supervisor, relay: &mut relay::Relay) {
+    let mut timeout = None;
+    loop {
+        if relay.turn(timeout) {
+            let _ = supervisor.wake.drain();
+            for command in supervisor.take_commands() {
+                relay.apply(command);
+            }
+        }
+        // A scan from the timekeeper queues commands too: the eventfd says so.
+        timeout = supervisor.fast_scan();
+        for command in supervisor.take_commands() {
+            relay.apply(command);
+        }
+    }
+}
+
+/// The timekeeper's tick: the idle-time scan.
+pub fn tick() {
+    if let Some(supervisor) = RUNNING.get() {
+        supervisor.tick();
+    }
+}
+
+/// A process was started through the API: it may be about to listen.
+pub fn nudge() {
+    if let Some(supervisor) = RUNNING.get() {
+        supervisor.nudge();
+    }
+}

@@ -1,0 +1,229 @@
+//! The supervisor: when to scan, and what a scan changes. It keeps the ports forwarded, binds
+//! a listener on the forward address for each new one, and tells the relay to open or close
+//! forwards ([`Command`]), waking it through an eventfd only when something changed.
+//!
+//! Scans come from two places, serialised by one lock: the HTTP layer's timekeeper, which
+//! wakes once a second anyway ([`Supervisor::tick`]: an idle daemon wakes no more often with
+//! the forwarder on), and, for [`FAST_WINDOW`] after a process is started through the API
+//! ([`Supervisor::nudge`]), the forwarder's own thread every [`FAST_EVERY`], so a dev server
+//! started by a command is reachable within that.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::relay::Command;
+use super::scan::{self, Forwards, Scanner};
+use crate::log;
+use crate::sys::poll::EventFd;
+
+/// How often the forwarder's thread scans after a nudge.
+pub const FAST_EVERY: Duration = Duration::from_millis(50);
+/// How long after a nudge it does.
+pub const FAST_WINDOW: Duration = Duration::from_secs(60);
+/// A timekeeper tick sooner than this after the last scan does not scan again (the
+/// timekeeper ticks faster when a timeout option is short).
+const TICK_MIN: Duration = Duration::from_millis(500);
+
+/// The forwarder's settings (SPEC §12).
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub address: IpAddr,
+    /// The daemon's own port, never forwarded.
+    pub own_port: u16,
+    pub max_ports: usize,
+    pub max_connections: usize,
+}
+
+pub struct Supervisor {
+    settings: Settings,
+    state: Mutex<State>,
+    /// Commands for the relay, taken by its thread when [`Supervisor::wake`] fires.
+    inbox: Mutex<Vec<Command>>,
+    pub wake: EventFd,
+}
+
+#[derive(Default)]
+struct State {
+    scanner: Option<Scanner>,
+    address_ready: bool,
+    said_waiting: bool,
+    failing: Option<String>,
+    forwarded: Forwards,
+    over_cap: Vec<u16>,
+    /// Ports whose forward listener could not be bound (said once; retried each scan).
+    bind_failed: Vec<u16>,
+    last_scan: Option<Instant>,
+    fast_until: Option<Instant>,
+}
+
+impl Supervisor {
+    pub fn new(settings: Settings) -> io::Result<Supervisor> {
+        Ok(Supervisor {
+            settings,
+            state: Mutex::new(State::default()),
+            inbox: Mutex::new(Vec::new()),
+            wake: EventFd::new()?,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The commands waiting for the relay.
+    pub fn take_commands(&self) -> Vec<Command> {
+        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The timekeeper's tick: a scan unless one ran less than [`TICK_MIN`] ago.
+    pub fn tick(&self) {
+        let mut state = self.lock();
+        if state.last_scan.is_none_or(|at| at.elapsed() >= TICK_MIN) {
+            self.scan(&mut state);
+        }
+    }
+
+    /// A process was started: scan often for a while, starting now.
+    pub fn nudge(&self) {
+        self.lock().fast_until = Some(Instant::now() + FAST_WINDOW);
+        let _ = self.wake.signal();
+    }
+
+    /// For the forwarder's thread: scan if a fast scan is due; how long until the next one
+    /// (`None`: none is planned, the timekeeper's tick does the scanning).
+    pub fn fast_scan(&self) -> Option<Duration> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        if state.fast_until.is_none_or(|until| now >= until) {
+            state.fast_until = None;
+            return None;
+        }
+        let due = state.last_scan.map_or(now, |at| at + FAST_EVERY);
+        if now >= due {
+            self.scan(&mut state);
+            return Some(FAST_EVERY);
+        }
+        Some(due - now)
+    }
+
+    fn scan(&self, state: &mut State) {
+        state.last_scan = Some(Instant::now());
+        let address = self.settings.address;
+        if !state.address_ready {
+            match TcpListener::bind(SocketAddr::new(address, 0)) {
+                Ok(_) => {
+                    state.address_ready = true;
+                    log::line(format_args!("forwarding localhost ports on {address}"));
+                }
+                Err(e) => {
+                    if !state.said_waiting {
+                        state.said_waiting = true;
+                        log::line(format_args!(
+                            "forward address {address} is not usable ({e}): forwarding waits \
+                             until it is on an interface"
+                        ));
+                    }
+                    return;
+                }
+            }
+        }
+        let listening = match state.scanner.as_mut().map_or_else(
+            || Scanner::new().and_then(|mut s| s.listening().map(|found| (Some(s), found))),
+            |s| s.listening().map(|found| (None, found)),
+        ) {
+            Ok((opened, found)) => {
+                if opened.is_some() {
+                    state.scanner = opened;
+                }
+                if state.failing.take().is_some() {
+                    log::line(format_args!("forward: scanning works again"));
+                }
+                found
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if state.failing.as_deref() != Some(&message) {
+                    log::line(format_args!("forward: cannot list listening sockets: {e}"));
+                    state.failing = Some(message);
+                }
+                state.scanner = None;
+                return;
+            }
+        };
+        let plan = scan::plan(
+            &listening,
+            address,
+            self.settings.own_port,
+            &state.forwarded,
+            self.settings.max_ports,
+        );
+        let mut commands = Vec::new();
+        let mut closed = Vec::new();
+        state.forwarded.retain(|&(port, upstream)| {
+            if plan.forward.contains(&(port, upstream)) {
+                return true;
+            }
+            log::line(format_args!(
+                "forward {address}:{port} closed: nothing listens on {upstream} any more"
+            ));
+            commands.push(Command::Close { port });
+            closed.push(port);
+            false
+        });
+        state
+            .bind_failed
+            .retain(|port| scan::has(&plan.forward, *port));
+        // Added after the loop: `forwarded` stays sorted for `scan::has` while it runs.
+        let mut opened = Vec::new();
+        for &(port, upstream) in &plan.forward {
+            // A port closed by this scan (its server moved to the other family) keeps its old
+            // listener until the relay drops it: bound again at the next scan.
+            if scan::has(&state.forwarded, port) || closed.contains(&port) {
+                continue;
+            }
+            match bind(SocketAddr::new(address, port)) {
+                Ok(listener) => {
+                    log::line(format_args!("forwarding {address}:{port} to {upstream}"));
+                    state.bind_failed.retain(|p| *p != port);
+                    opened.push((port, upstream));
+                    commands.push(Command::Open { listener, upstream });
+                }
+                Err(e) => {
+                    if !state.bind_failed.contains(&port) {
+                        state.bind_failed.push(port);
+                        log::line(format_args!("cannot forward {address}:{port}: {e}"));
+                    }
+                }
+            }
+        }
+        state.forwarded.extend(opened);
+        state.forwarded.sort_unstable_by_key(|(port, _)| *port);
+        for port in plan.over_cap.iter().filter(|p| !state.over_cap.contains(p)) {
+            log::line(format_args!(
+                "not forwarding localhost:{port}: {} ports are forwarded, the cap",
+                self.settings.max_ports
+            ));
+        }
+        state.over_cap = plan.over_cap;
+        if !commands.is_empty() {
+            self.inbox
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(commands);
+            let _ = self.wake.signal();
+        }
+    }
+}
+
+/// A forward listener: std's bind (with `SO_REUSEADDR`), then a backlog like a server's own
+/// rather than std's 128, so a burst of clients is queued, not dropped to retry a second later.
+fn bind(address: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(address)?;
+    crate::sys::net::set_backlog(&listener, BACKLOG)?;
+    Ok(listener)
+}
+
+/// The kernel caps it at `net.core.somaxconn` (4096 by default since Linux 5.4).
+const BACKLOG: i32 = 4096;
