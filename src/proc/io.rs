@@ -25,6 +25,8 @@ use crate::sys::process as sysproc;
 
 /// Chunks read from one output per turn.
 const READS_PER_TURN: usize = 16;
+/// Output tells the port forwarder at most this often (`platform::forward::activity`).
+const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 
 enum Slot {
     Output(usize),
@@ -42,6 +44,7 @@ struct Watched {
 pub(super) fn run(shared: &Shared) {
     let wake = Wake(Arc::clone(&shared.wake));
     let mut buf = vec![0u8; super::CHUNK];
+    let mut last_activity: Option<Instant> = None;
     loop {
         let (watched, next) = plan(&mut lock(shared), &wake);
         let timeout = next.map(|at| at.saturating_duration_since(Instant::now()));
@@ -61,6 +64,14 @@ pub(super) fn run(shared: &Shared) {
         };
         if ready.first() == Some(&true) {
             let _ = shared.wake.drain();
+        }
+        let output = watched
+            .iter()
+            .zip(ready.iter().skip(1))
+            .any(|(watch, ready)| *ready && matches!(watch.slot, Slot::Output(_)));
+        if output && last_activity.is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY) {
+            last_activity = Some(Instant::now());
+            crate::platform::forward::activity();
         }
         let mut state = lock(shared);
         for (watch, _) in watched

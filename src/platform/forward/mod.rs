@@ -77,3 +77,10 @@ pub fn nudge() {
         supervisor.nudge();
     }
 }
+
+/// A started process wrote output (a server announcing itself): it may be about to listen.
+pub fn activity() {
+    if let Some(supervisor) = RUNNING.get() {
+        supervisor.activity();
+    }
+}

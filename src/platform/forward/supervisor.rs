@@ -5,8 +5,10 @@
 //! Scans come from two places, serialised by one lock: the HTTP layer's timekeeper, which
 //! wakes once a second anyway ([`Supervisor::tick`]: an idle daemon wakes no more often with
 //! the forwarder on), and, for [`FAST_WINDOW`] after a process is started through the API
-//! ([`Supervisor::nudge`]), the forwarder's own thread every [`FAST_EVERY`], so a dev server
-//! started by a command is reachable within that.
+//! ([`Supervisor::nudge`]), or for [`ACTIVITY_WINDOW`] after a started process wrote output
+//! ([`Supervisor::activity`]: a server says so as it starts, even in a terminal opened an hour
+//! ago), the forwarder's own thread every [`FAST_EVERY`], so a dev server is reachable within
+//! that; with no process writing anything, the idle tick is all.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -22,6 +24,8 @@ use crate::sys::poll::EventFd;
 pub const FAST_EVERY: Duration = Duration::from_millis(50);
 /// How long after a nudge it does.
 pub const FAST_WINDOW: Duration = Duration::from_secs(60);
+/// How long after a started process's output it does.
+pub const ACTIVITY_WINDOW: Duration = Duration::from_secs(3);
 /// A timekeeper tick sooner than this after the last scan does not scan again (the
 /// timekeeper ticks faster when a timeout option is short).
 const TICK_MIN: Duration = Duration::from_millis(500);
@@ -89,6 +93,22 @@ impl Supervisor {
     pub fn nudge(&self) {
         self.lock().fast_until = Some(Instant::now() + FAST_WINDOW);
         let _ = self.wake.signal();
+    }
+
+    /// A started process wrote output: scan often until [`ACTIVITY_WINDOW`] from now, unless a
+    /// longer window runs. The forwarder's thread is woken only when it was not scanning often.
+    pub fn activity(&self) {
+        let until = Instant::now() + ACTIVITY_WINDOW;
+        let mut state = self.lock();
+        match state.fast_until {
+            Some(current) if current >= until => {}
+            Some(_) => state.fast_until = Some(until),
+            None => {
+                state.fast_until = Some(until);
+                drop(state);
+                let _ = self.wake.signal();
+            }
+        }
     }
 
     /// For the forwarder's thread: scan if a fast scan is due; how long until the next one
@@ -227,3 +247,34 @@ fn bind(address: SocketAddr) -> io::Result<TcpListener> {
 
 /// The kernel caps it at `net.core.somaxconn` (4096 by default since Linux 5.4).
 const BACKLOG: i32 = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supervisor() -> Supervisor {
+        Supervisor::new(Settings {
+            address: IpAddr::from([127, 0, 0, 2]),
+            own_port: 1,
+            max_ports: 4,
+            max_connections: 4,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn output_opens_a_short_fast_window_and_never_shortens_a_longer_one() {
+        let quiet = supervisor();
+        assert_eq!(quiet.lock().fast_until, None);
+        quiet.activity();
+        let until = quiet.lock().fast_until.expect("a fast window");
+        assert!(until <= Instant::now() + ACTIVITY_WINDOW);
+        assert!(until > Instant::now() + ACTIVITY_WINDOW / 2);
+
+        let started = supervisor();
+        started.nudge();
+        let long = started.lock().fast_until;
+        started.activity();
+        assert_eq!(started.lock().fast_until, long, "the Start's minute stands");
+    }
+}
