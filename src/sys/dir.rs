@@ -410,6 +410,18 @@ fn proc_fd(fd: RawFd) -> PathBuf {
 }
 
 /// `fstat` of any open descriptor.
+/// `lstat` of `path` (a symlink described itself), by path in one call.
+pub fn lstat(path: &Path) -> io::Result<Stat> {
+    let path = c_path(path)?;
+    // SAFETY: an all-zero `stat` is a valid value of that plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a writable stat, both alive for the call.
+    check(unsafe {
+        libc::fstatat(libc::AT_FDCWD, path.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+    })?;
+    Ok(Stat::of(&st))
+}
+
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     // SAFETY: an all-zero `stat` is a valid value of that plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };

@@ -26,6 +26,14 @@ pub fn entry_info(path: &Path, shown: &Path, owners: &Owners) -> io::Result<Entr
             user_metadata::read(path),
         ));
     };
+    // The common case (`Stat` of anything but a symlink) by path: one `lstat` and the attributes,
+    // without opening the parent (three calls) or walking `/proc/self/fd` for the attributes.
+    // A symlink, or a path too long for one call, goes through the parent's descriptor.
+    if let Ok(stat) = crate::sys::dir::lstat(path) {
+        if !stat.is_symlink() {
+            return Ok(describe(&stat, None, shown, owners, user_metadata::read(path)));
+        }
+    }
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let dir = Dir::open(parent.unwrap_or(Path::new(".")))?;
     entry_at(&dir, name, shown, owners)
