@@ -417,7 +417,12 @@ pub fn lstat(path: &Path) -> io::Result<Stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is NUL-terminated and `st` a writable stat, both alive for the call.
     check(unsafe {
-        libc::fstatat(libc::AT_FDCWD, path.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+        libc::fstatat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     })?;
     Ok(Stat::of(&st))
 }

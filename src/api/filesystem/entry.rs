@@ -31,7 +31,13 @@ pub fn entry_info(path: &Path, shown: &Path, owners: &Owners) -> io::Result<Entr
     // A symlink, or a path too long for one call, goes through the parent's descriptor.
     if let Ok(stat) = crate::sys::dir::lstat(path) {
         if !stat.is_symlink() {
-            return Ok(describe(&stat, None, shown, owners, user_metadata::read(path)));
+            return Ok(describe(
+                &stat,
+                None,
+                shown,
+                owners,
+                user_metadata::read(path),
+            ));
         }
     }
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
