@@ -15,31 +15,19 @@ use crate::sys::dir::{Dir, Stat};
 /// resolved: a listing shows paths under the directory it was asked for, not under its link's
 /// target).
 pub fn entry_info(path: &Path, shown: &Path, owners: &Owners) -> io::Result<EntryInfo> {
-    let Some(name) = path.file_name() else {
-        // The root: no parent to name it in.
-        let stat = Dir::open(path)?.stat()?;
-        return Ok(describe(
-            &stat,
-            None,
-            shown,
-            owners,
-            user_metadata::read(path),
-        ));
-    };
+    let by_path = |stat: &Stat| describe(stat, None, shown, owners, user_metadata::read(path));
     // The common case (`Stat` of anything but a symlink) by path: one `lstat` and the attributes,
     // without opening the parent (three calls) or walking `/proc/self/fd` for the attributes.
     // A symlink, or a path too long for one call, goes through the parent's descriptor.
     if let Ok(stat) = crate::sys::dir::lstat(path) {
         if !stat.is_symlink() {
-            return Ok(describe(
-                &stat,
-                None,
-                shown,
-                owners,
-                user_metadata::read(path),
-            ));
+            return Ok(by_path(&stat));
         }
     }
+    let Some(name) = path.file_name() else {
+        // The root, which has no parent to name it in (never a symlink).
+        return Ok(by_path(&Dir::open(path)?.stat()?));
+    };
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     let dir = Dir::open(parent.unwrap_or(Path::new(".")))?;
     entry_at(&dir, name, shown, owners)
