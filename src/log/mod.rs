@@ -105,10 +105,11 @@ fn emit(message: fmt::Arguments, request: Option<RequestFields>, exported: bool)
             message: text,
             line,
         } = &mut *buffers;
-        text.clear();
-        let _ = fmt::write(text, message);
         line.clear();
         if json_on_stderr || exporting {
+            // The message alone, to be escaped into the JSON object.
+            text.clear();
+            let _ = fmt::write(text, message);
             let operation = request
                 .is_some()
                 .then(|| OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1);
@@ -123,10 +124,10 @@ fn emit(message: fmt::Arguments, request: Option<RequestFields>, exported: bool)
             }
         }
         if !json_on_stderr {
+            // Formatted straight into the line (the common case: no JSON at all).
             line.clear();
             write_timestamp(line, now);
-            line.push(b' ');
-            line.extend_from_slice(text.as_bytes());
+            let _ = write!(line, " {message}");
         }
         line.push(b'\n');
         write_stderr(line);
