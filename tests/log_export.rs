@@ -194,3 +194,45 @@ fn an_unknown_log_format_is_refused_at_start() {
         "{output:?}"
     );
 }
+
+#[test]
+fn a_collector_address_that_is_not_an_http_ip_url_is_said_once_and_ignored() {
+    for (address, reason) in [
+        (
+            "https://10.0.0.1/logs",
+            "only http:// addresses are supported",
+        ),
+        (
+            "http://logs.local/in",
+            "the host 'logs.local' is not an IP address",
+        ),
+    ] {
+        let mmds = FakeMmds::start(json!({
+            "instanceID": "isb-8", "envID": "tpl-8", "address": address, "accessTokenHash": ""
+        }));
+        let root = tempfile::tempdir().unwrap();
+        let daemon = mmds.daemon(builder(), root.path());
+        let expected =
+            format!("log exporter: ignoring the collector address '{address}': {reason}");
+        daemon.log_with(|line| line.ends_with(&expected));
+        // Every authorised /init reads the service again: the same address is not said again.
+        assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
+        let reads = mmds.reads();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while mmds.reads() == reads || mmds.reads() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the /init read the service"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let log = daemon.log();
+        assert_eq!(
+            log.iter().filter(|l| l.ends_with(&expected)).count(),
+            1,
+            "{log:?}"
+        );
+        assert_eq!(daemon.get("/health").status, 204);
+    }
+}

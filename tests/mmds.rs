@@ -63,7 +63,7 @@ impl FakeMmds {
         self.state.lock().unwrap().violations.clone()
     }
 
-    fn reads(&self) -> usize {
+    pub(crate) fn reads(&self) -> usize {
         self.state.lock().unwrap().metadata_reads
     }
 

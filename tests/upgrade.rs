@@ -144,6 +144,16 @@ fn upgrade_needs_the_token_and_an_authorised_init_first() {
         dir.path().join("envd.next").display()
     );
     assert!(answer.contains(&expected), "{answer}");
+    // Larger than any binary accepted: refused from the head, nothing written.
+    let reply = daemon.raw(
+        format!(
+            "POST /upgrade HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\n\
+             Content-Length: 268435457\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    reply.assert_error(413, "the new binary is larger than 268435456 bytes");
+    assert_eq!(files_in(dir.path()), Vec::<PathBuf>::new());
     assert_eq!(daemon.get("/health").status, 204);
 }
 

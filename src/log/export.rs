@@ -58,6 +58,8 @@ struct Queue {
     /// Lines dropped for room or size since the last report.
     dropped: u64,
     target: Option<Target>,
+    /// The address last named, so a bad one is said once, not at every read of the service.
+    named: String,
 }
 
 struct Exporter {
@@ -105,6 +107,10 @@ pub fn set_target(address: &str, instance_id: &str, env_id: &str) {
     let Some(exporter) = EXPORTER.get() else {
         return;
     };
+    let repeated = {
+        let mut queue = exporter_queue(exporter);
+        std::mem::replace(&mut queue.named, address.to_string()) == address
+    };
     let target = if address.is_empty() {
         None
     } else {
@@ -115,9 +121,11 @@ pub fn set_target(address: &str, instance_id: &str, env_id: &str) {
                 identity: identity(instance_id, env_id),
             }),
             Err(reason) => {
-                super::local_line(format_args!(
-                    "log exporter: ignoring the collector address '{address}': {reason}"
-                ));
+                if !repeated {
+                    super::local_line(format_args!(
+                        "log exporter: ignoring the collector address '{address}': {reason}"
+                    ));
+                }
                 None
             }
         }
