@@ -71,7 +71,7 @@ pub fn run(config: Config) -> ExitCode {
         ));
     }
     let (listener, handover) = match handed_over {
-        Some((listener, handover)) => (listener, Some(handover)),
+        Some(taken) => (taken.listener, Some((taken.state, taken.inherited))),
         None => match TcpListener::bind(config.listen) {
             Ok(listener) => (listener, None),
             Err(e) => {
@@ -106,8 +106,8 @@ pub fn run(config: Config) -> ExitCode {
         crate::fs::temp::start_sweeper_now();
     }
     let app = Arc::new(App::new(config, token, env));
-    if let Some(handover) = handover {
-        take_back(&app, handover);
+    if let Some((handover, inherited)) = handover {
+        take_back(&app, handover, inherited);
     }
     if let Some(mmds) = &app.mmds {
         log::line(format_args!(
@@ -173,7 +173,14 @@ pub fn run(config: Config) -> ExitCode {
 }
 
 /// Restores what the previous image handed over, and records how it went for `/init`.
-fn take_back(app: &App, handover: Result<upgrade::state::Handover, String>) {
+///
+/// Before the main thread reaps anything: an exit of a carried process that happened during the
+/// swap waits, unreaped, until its process is back in the table.
+fn take_back(
+    app: &App,
+    handover: Result<upgrade::state::Handover, String>,
+    inherited: upgrade::carry::Inherited,
+) {
     match handover {
         Ok(handover) => {
             app.restore(handover.app_state());
@@ -182,13 +189,16 @@ fn take_back(app: &App, handover: Result<upgrade::state::Handover, String>) {
                  /init",
                 handover.from_version, handover.from_envd_version
             ));
-            upgrade::record_outcome(upgrade::Outcome { failed: false });
+            upgrade::adopt(&handover, inherited);
         }
         Err(error) => {
             log::line(format_args!(
                 "upgrade: took over the listener, but not the state: {error}; starting afresh"
             ));
-            upgrade::record_outcome(upgrade::Outcome { failed: true });
+            upgrade::record_outcome(upgrade::Outcome {
+                failed: true,
+                ..upgrade::Outcome::default()
+            });
         }
     }
 }

@@ -30,6 +30,7 @@
 
 pub mod claimed;
 pub mod exit;
+pub mod handover;
 mod io;
 pub mod reaper;
 pub mod spawn;

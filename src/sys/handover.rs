@@ -6,7 +6,7 @@ use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io;
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -82,16 +82,22 @@ pub fn take_listener(fd: RawFd) -> io::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Takes ownership of `fd`, an inherited file (the state), closed on exec. Same contract as
-/// [`take_listener`].
-pub fn take_file(fd: RawFd) -> io::Result<File> {
+/// Takes ownership of `fd`, an inherited descriptor of any kind, closed on exec. Same contract
+/// as [`take_listener`].
+pub fn take_fd(fd: RawFd) -> io::Result<OwnedFd> {
     if fd < 3 || !is_open(fd) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
     }
     // SAFETY: per the contract, `fd` is open, inherited, and owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    set_close_on_exec(&file, true)?;
-    Ok(file)
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_close_on_exec(&owned, true)?;
+    Ok(owned)
+}
+
+/// Takes ownership of `fd`, an inherited file (the state), closed on exec. Same contract as
+/// [`take_listener`].
+pub fn take_file(fd: RawFd) -> io::Result<File> {
+    take_fd(fd).map(File::from)
 }
 
 /// Replaces this process's image with `program` (`execve`): argv `args`, environment `env`.

@@ -19,6 +19,8 @@
 //! with the `execve`, which E2B's orchestrator reads as success, and it confirms by the version
 //! the next `/init` answers.
 
+pub mod carry;
+mod parts;
 mod receive;
 pub mod state;
 
@@ -74,33 +76,35 @@ fn pending() -> MutexGuard<'static, Option<Pending>> {
 
 /// Why an upgrade cannot happen now: state it would lose.
 pub fn refusal() -> Option<ApiError> {
-    let processes = crate::proc::Hub::running().map_or(0, |hub| hub.list().len());
-    let watchers = crate::api::filesystem::live_watchers();
-    (processes > 0 || watchers > 0).then(|| {
-        ApiError::new(
-            409,
-            format!(
-                "cannot upgrade now: {processes} processes and {watchers} watchers are live, and \
-                 a live upgrade does not carry processes or watchers over yet"
-            ),
-        )
-    })
+    parts::refusal().map(|why| ApiError::new(409, why))
 }
 
-/// What the previous image handed over, as `X-Envd-Handover` reports it (envd's fields).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the previous image handed over, as `X-Envd-Handover` reports it (envd's fields: each
+/// count is of what was carried, `_failed` of what of it could not be taken back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub failed: bool,
+    pub procs: usize,
+    pub procs_failed: usize,
+    pub retained: usize,
+    pub retained_failed: usize,
+    pub watchers: usize,
+    pub watchers_failed: usize,
 }
 
 impl Outcome {
-    /// envd's `handoverResult` JSON: nothing but the daemon's own state is carried yet, so
-    /// every count is 0.
+    /// envd's `handoverResult` JSON.
     pub fn header(&self) -> String {
         format!(
-            "{{\"failed\":{},\"procs\":0,\"procs_failed\":0,\"retained\":0,\"retained_failed\":0,\
-             \"watchers\":0,\"watchers_failed\":0}}",
-            self.failed
+            "{{\"failed\":{},\"procs\":{},\"procs_failed\":{},\"retained\":{},\
+             \"retained_failed\":{},\"watchers\":{},\"watchers_failed\":{}}}",
+            self.failed,
+            self.procs,
+            self.procs_failed,
+            self.retained,
+            self.retained_failed,
+            self.watchers,
+            self.watchers_failed
         )
     }
 }
@@ -149,6 +153,9 @@ pub fn perform<H: crate::http::Handler>(
             |b| format!("'{}'", b.display())
         )
     ));
+    // The parts stop changing what they hand over, and end the streams the `execve` would cut
+    // (each told to Connect again) so that the drain does not wait for them.
+    parts::prepare();
     // The upgrade request itself waits in flight for its answer; connections accepted before
     // the pause get their request in first.
     if !server.wait_quiet(1, drain_timeout) {
@@ -164,6 +171,7 @@ pub fn perform<H: crate::http::Handler>(
         ));
     }
     let _ = fds::set_close_on_exec(&listener, true);
+    parts::resume();
     let resumed = server.resume_accepting(listener);
     log::line(format_args!("upgrade failed, serving on: {error}"));
     if let Err(resume) = resumed {
@@ -174,7 +182,12 @@ pub fn perform<H: crate::http::Handler>(
 
 /// Writes the handover and executes; returns only the reason it could not.
 fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -> String {
-    let handover = Handover::of(app.state(), listener.as_raw_fd());
+    let mut handover = Handover::of(app.state(), listener.as_raw_fd());
+    let mut carry = carry::Carry::new();
+    if let Err(error) = parts::export(&mut handover, &mut carry) {
+        return format!("cannot write the handover: {error}");
+    }
+    handover.carried_fds = carry.numbers();
     let mut memory = match fds::memory_file("sandboxd-handover") {
         Ok(file) => file,
         Err(error) => return format!("cannot make the handover file: {error}"),
@@ -184,6 +197,7 @@ fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -
         .and_then(|()| memory.rewind())
         .and_then(|()| fds::set_close_on_exec(&memory, false))
         .and_then(|()| fds::set_close_on_exec(listener, false))
+        .and_then(|()| carry.open_across_exec())
     {
         return format!("cannot write the handover: {error}");
     }
@@ -198,9 +212,18 @@ fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -
     format!("cannot execute '{}': {error}", program.display())
 }
 
-/// The new image's side, at start: the listener and state the previous one handed over, if
-/// `SANDBOXD_HANDOVER` names them. The variable is removed from the environment.
-pub fn take_over() -> Option<(std::net::TcpListener, Result<Handover, String>)> {
+/// What the new image took over at start.
+pub struct TakenOver {
+    pub listener: std::net::TcpListener,
+    /// The state, or why it could not be read (the listener is still used).
+    pub state: Result<Handover, String>,
+    /// The descriptors the state names, claimed.
+    pub inherited: carry::Inherited,
+}
+
+/// The new image's side, at start: the listener, state and descriptors the previous one handed
+/// over, if `SANDBOXD_HANDOVER` names them. The variable is removed from the environment.
+pub fn take_over() -> Option<TakenOver> {
     let value = std::env::var(HANDOVER_VAR).ok()?;
     std::env::remove_var(HANDOVER_VAR);
     let (listener_fd, state_fd) = value.split_once(',')?;
@@ -230,5 +253,22 @@ pub fn take_over() -> Option<(std::net::TcpListener, Result<Handover, String>)> 
                 .map_err(|e| format!("reading the state: {e}"))?;
             Handover::decode_checked(&bytes)
         });
-    Some((listener, state))
+    let inherited = match &state {
+        Ok(handover) => carry::Inherited::claim(&handover.carried_fds),
+        Err(_) => carry::Inherited::default(),
+    };
+    Some(TakenOver {
+        listener,
+        state,
+        inherited,
+    })
+}
+
+/// The new image takes back what the handover carries (after the daemon's own state): each
+/// part adopts its share; how it went is kept for `/init`.
+pub fn adopt(handover: &Handover, mut inherited: carry::Inherited) {
+    let outcome = parts::adopt(handover, &mut inherited);
+    inherited.close_rest();
+    log::line(format_args!("upgrade: took back {}", outcome.header()));
+    record_outcome(outcome);
 }

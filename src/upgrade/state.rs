@@ -47,6 +47,15 @@ pub struct Handover {
     pub initialized: bool,
     #[prost(message, repeated, tag = "12")]
     pub mounts: Vec<MountEntry>,
+    /// Every descriptor number the parts below name (`upgrade::carry`), claimed at start.
+    #[prost(int32, repeated, tag = "13")]
+    pub carried_fds: Vec<i32>,
+    /// The process table (`proc::handover`).
+    #[prost(message, repeated, tag = "14")]
+    pub processes: Vec<crate::proc::handover::CarriedProcess>,
+    /// Exits remembered for a late `Connect`.
+    #[prost(message, repeated, tag = "15")]
+    pub exits: Vec<crate::proc::handover::CarriedExit>,
 }
 
 /// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`.
@@ -83,6 +92,7 @@ impl Handover {
                 .into_iter()
                 .map(|(path, lifecycle_id)| MountEntry { path, lifecycle_id })
                 .collect(),
+            ..Handover::default()
         }
     }
 
