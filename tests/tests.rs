@@ -29,6 +29,7 @@ mod volumes;
 mod log_export;
 // POST /upgrade: a new binary takes over in the same process, the listener and state handed over.
 mod upgrade;
+mod upgrade_process;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

@@ -18,7 +18,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::table::{Key, Process, REAP_RETRY_MAX};
-use super::{Exit, OutputKind, Shared, State, Wake, SHUTDOWN_GRACE};
+use super::{Abort, Exit, OutputKind, Shared, State, Wake, SHUTDOWN_GRACE};
 use crate::log;
 use crate::sys::poll::{poll_ready, Interest};
 use crate::sys::process as sysproc;
@@ -74,6 +74,10 @@ pub(super) fn run(shared: &Shared) {
             crate::platform::forward::activity();
         }
         let mut state = lock(shared);
+        if state.upgrading {
+            // The table is being handed over: what the poll found waits for the next image.
+            continue;
+        }
         for (watch, _) in watched
             .iter()
             .zip(ready.iter().skip(1))
@@ -101,6 +105,11 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
     let mut watched = Vec::new();
     let mut next: Option<Instant> = None;
+    if state.upgrading {
+        // Only the eventfd, until the `execve` (or `resume`).
+        return (watched, next);
+    }
+    let now = Instant::now();
     let mut earliest = |at: Option<Instant>| {
         if let Some(at) = at {
             next = Some(next.map_or(at, |n| n.min(at)));
@@ -108,7 +117,9 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
     };
     let mut anyone_listens = false;
     for (key, process) in &mut state.table.processes {
-        if all_ready(process, wake) {
+        if process.held(now) {
+            earliest(process.hold_until);
+        } else if all_ready(process, wake) {
             for (index, output) in process.outputs.iter().enumerate() {
                 if let Some(file) = &output.file {
                     watched.push(Watched {
@@ -272,7 +283,7 @@ fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
                 process.expect_exit(now);
             }
         }
-        if process.finished() {
+        if process.finished() && !process.held(now) {
             finished.push(*key);
         }
     }
@@ -293,7 +304,7 @@ fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
     if state.shutdown.is_some_and(|at| at + SHUTDOWN_GRACE <= now) {
         for process in state.table.processes.values_mut() {
             for subscriber in process.subscribers.drain(..) {
-                subscriber.abort();
+                subscriber.abort(Abort::Shutdown);
             }
         }
     }

@@ -72,8 +72,18 @@ pub trait Subscriber: Send {
     fn tick(&mut self, now: Instant) -> bool;
     /// The process ended: its last word.
     fn end(self: Box<Self>, exit: Exit);
-    /// The hub ends the subscription before the process ended (the daemon shuts down).
-    fn abort(self: Box<Self>);
+    /// The hub ends the subscription before the process ended.
+    fn abort(self: Box<Self>, why: Abort);
+}
+
+/// Why the hub ends a subscription before its process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// The daemon shuts down.
+    Shutdown,
+    /// The daemon is being upgraded (`handover`): the process lives on, and the next image
+    /// takes its subscribers back through `Connect`.
+    Upgrade,
 }
 
 /// Wakes the I/O thread (a subscriber's queue was taken, a client left).
@@ -109,6 +119,8 @@ pub enum ProcError {
     Io(std::io::Error),
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The daemon is being upgraded: the table is being handed over.
+    Upgrading,
 }
 
 impl fmt::Display for ProcError {
@@ -133,6 +145,9 @@ impl fmt::Display for ProcError {
                 INPUT_MAX >> 10
             ),
             ProcError::ShuttingDown => f.write_str("sandboxd is shutting down"),
+            ProcError::Upgrading => f.write_str(
+                "sandboxd is being upgraded: try again in a moment (the process lives on)",
+            ),
         }
     }
 }
@@ -167,6 +182,21 @@ struct State {
     table: Table,
     /// When the daemon began shutting down.
     shutdown: Option<Instant>,
+    /// The table is being handed over (`handover`): nothing reads, writes, reaps or changes it.
+    upgrading: bool,
+}
+
+impl State {
+    /// Why the table may not be changed now.
+    fn refusal(&self) -> Option<ProcError> {
+        if self.shutdown.is_some() {
+            Some(ProcError::ShuttingDown)
+        } else if self.upgrading {
+            Some(ProcError::Upgrading)
+        } else {
+            None
+        }
+    }
 }
 
 /// The daemon's hub, started by the first process.
@@ -191,11 +221,17 @@ impl Hub {
 
     /// A hub of its own, with its own thread (which lives as long as the process).
     fn start_thread() -> std::io::Result<Hub> {
+        Hub::start_with(Table::default())
+    }
+
+    /// A hub of its own with `table`, and its thread.
+    fn start_with(table: Table) -> std::io::Result<Hub> {
         let shared = Arc::new(Shared {
             wake: Arc::new(EventFd::new()?),
             state: Mutex::new(State {
-                table: Table::default(),
+                table,
                 shutdown: None,
+                upgrading: false,
             }),
         });
         let thread_shared = Arc::clone(&shared);
@@ -223,8 +259,8 @@ impl Hub {
         kill_after: Option<Duration>,
         subscribe: impl FnOnce(u32) -> Box<dyn Subscriber>,
     ) -> Result<u32, ProcError> {
-        if self.lock().shutdown.is_some() {
-            return Err(ProcError::ShuttingDown);
+        if let Some(refused) = self.lock().refusal() {
+            return Err(refused);
         }
         // Held until the process is in the table: its exit cannot be reaped before.
         let spawning = reaper::spawning();
@@ -252,8 +288,21 @@ impl Hub {
             cut: false,
             kill_at: kill_after.and_then(|after| now.checked_add(after)),
             reap_retry: None,
+            hold_until: None,
         };
-        self.lock().table.insert(process);
+        let mut state = self.lock();
+        let key = state.table.insert(process);
+        if state.upgrading {
+            // An upgrade began meanwhile: it carries this process too, and its stream is
+            // ended as the others were (`handover::prepare`).
+            if let Some(process) = state.table.processes.get_mut(&key) {
+                for subscriber in process.subscribers.drain(..) {
+                    subscriber.abort(Abort::Upgrade);
+                }
+                process.hold_until = Some(now + handover::HOLD);
+            }
+        }
+        drop(state);
         drop(spawning);
         self.wake();
         Ok(pid)
@@ -268,12 +317,13 @@ impl Hub {
         started: impl FnOnce(&mut S, u32),
     ) -> Result<Attached<S>, ProcError> {
         let mut state = self.lock();
-        if state.shutdown.is_some() {
-            return Err(ProcError::ShuttingDown);
+        if let Some(refused) = state.refusal() {
+            return Err(refused);
         }
         if let Some(process) = state.table.find(selector) {
             started(&mut subscriber, process.pid);
             process.subscribers.push(Box::new(subscriber));
+            process.hold_until = None;
             drop(state);
             self.wake();
             return Ok(Attached::Live);
@@ -310,6 +360,9 @@ impl Hub {
     /// reaped (the reaper hands exits over under it, `reaper`), so its pid is still its own.
     pub fn signal(&self, selector: &Selector, signal: libc::c_int) -> Result<(), ProcError> {
         let mut state = self.lock();
+        if state.upgrading {
+            return Err(ProcError::Upgrading);
+        }
         let process = state
             .table
             .find(selector)
@@ -341,6 +394,9 @@ impl Hub {
         to_terminal: bool,
     ) -> Result<(), ProcError> {
         let mut state = self.lock();
+        if state.upgrading {
+            return Err(ProcError::Upgrading);
+        }
         let process = state
             .table
             .find(selector)
@@ -378,6 +434,9 @@ impl Hub {
     /// file. Nothing when already closed or never opened; an error for a terminal.
     pub fn close_stdin(&self, selector: &Selector) -> Result<(), ProcError> {
         let mut state = self.lock();
+        if state.upgrading {
+            return Err(ProcError::Upgrading);
+        }
         let process = state
             .table
             .find(selector)
@@ -396,6 +455,9 @@ impl Hub {
     /// Sets the window size of a process's terminal.
     pub fn resize(&self, selector: &Selector, size: WindowSize) -> Result<(), ProcError> {
         let mut state = self.lock();
+        if state.upgrading {
+            return Err(ProcError::Upgrading);
+        }
         let process = state
             .table
             .find(selector)

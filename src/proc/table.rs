@@ -93,6 +93,9 @@ pub struct Process {
     pub kill_at: Option<Instant>,
     /// Outputs closed but no exit yet: when to look again, and the next interval.
     pub reap_retry: Option<(Instant, Duration)>,
+    /// Adopted across a live upgrade while it had subscribers: until a subscriber comes back
+    /// (or this moment passes), its output waits unread for it, and its end is not told.
+    pub hold_until: Option<Instant>,
 }
 
 impl Process {
@@ -103,6 +106,12 @@ impl Process {
     /// Ready to tell its end.
     pub fn finished(&self) -> bool {
         self.exit.is_some() && (self.cut || !self.outputs_open())
+    }
+
+    /// Its output waits for a returning subscriber (`hold_until`), unless a client signalled
+    /// it (or its deadline killed it): then its end is told at once, as for any other.
+    pub fn held(&self, now: Instant) -> bool {
+        self.subscribers.is_empty() && !self.cut && self.hold_until.is_some_and(|until| until > now)
     }
 
     /// Its end is near (its outputs closed, or it was signalled): ask for its exit soon, and
@@ -229,6 +238,20 @@ impl Table {
         Some(process)
     }
 
+    /// The exits remembered now, oldest first.
+    pub fn remembered(&mut self, now: Instant) -> impl Iterator<Item = &Retained> {
+        self.forget_expired(now);
+        self.retained.iter()
+    }
+
+    /// Remembers an exit a previous image remembered (oldest first, as listed).
+    pub fn remember(&mut self, retained: Retained) {
+        if self.retained.len() >= RETAIN_MAX {
+            self.retained.pop_front();
+        }
+        self.retained.push_back(retained);
+    }
+
     fn forget_expired(&mut self, now: Instant) {
         while self.retained.front().is_some_and(|r| r.until <= now) {
             self.retained.pop_front();
@@ -256,6 +279,7 @@ mod tests {
             cut: false,
             kill_at: None,
             reap_retry: None,
+            hold_until: None,
         }
     }
 

@@ -53,7 +53,7 @@ impl Subscriber for Collector {
     fn end(self: Box<Self>, exit: Exit) {
         self.seen.lock().unwrap().exit = Some(exit);
     }
-    fn abort(self: Box<Self>) {
+    fn abort(self: Box<Self>, _why: Abort) {
         self.seen.lock().unwrap().aborted = true;
     }
 }
@@ -329,6 +329,7 @@ fn listed_after_reap(
         cut: false,
         kill_at: None,
         reap_retry: None,
+        hold_until: None,
     });
     hub.wake();
     held
@@ -398,4 +399,44 @@ fn a_new_process_with_a_listed_pid_leaves_the_old_entry_its_own_end() {
     drop(held);
     assert_eq!(old.exit(), Exit(WaitStatus::Exited(3)));
     assert!(hub.list().is_empty());
+}
+
+#[test]
+fn an_upgrade_stops_the_table_ends_subscribers_and_holds_output_for_the_next_one() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    let spec = spec("sh", &["-c", "echo one; read line; echo two; exit 4"]);
+    let spec = Spec {
+        stdin: true,
+        ..spec
+    };
+    let pid = hub.start(&spec, None, |_| watcher.subscriber()).unwrap();
+    watcher.until(|seen| seen.stdout == b"one\n");
+    hub.begin_upgrade();
+    assert!(watcher.seen.lock().unwrap().aborted);
+    // Nothing changes the table meanwhile.
+    let other = Watcher::new();
+    let refused = hub.start(&spec, None, |_| other.subscriber()).unwrap_err();
+    assert!(matches!(refused, ProcError::Upgrading), "{refused}");
+    let input = hub.write_input(&Selector::Pid(pid), b"go\n", false);
+    assert!(matches!(input, Err(ProcError::Upgrading)));
+    let signal = hub.signal(&Selector::Pid(pid), libc::SIGKILL);
+    assert!(matches!(signal, Err(ProcError::Upgrading)));
+    // The upgrade fails: the table serves on, and the output written meanwhile waits for the
+    // subscriber that comes back.
+    hub.end_upgrade();
+    hub.write_input(&Selector::Pid(pid), b"go\n", false)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(hub.list().len(), 1, "held: not ended while nobody listens");
+    let back = Watcher::new();
+    let collector = Collector {
+        seen: Arc::clone(&back.seen),
+        open: Arc::clone(&back.open),
+        waiting: Arc::clone(&back.waiting),
+    };
+    let attached = hub.attach(&Selector::Pid(pid), collector, |_, _| {});
+    assert!(matches!(attached, Ok(Attached::Live)));
+    assert_eq!(back.exit(), Exit(WaitStatus::Exited(4)));
+    assert_eq!(back.seen.lock().unwrap().stdout, b"two\n");
 }

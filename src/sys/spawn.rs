@@ -103,6 +103,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         }
         raise_oom_score();
         normal_priority();
+        close_inherited_on_exec();
         if let Some(limit) = &open_files {
             set_open_files(limit)?;
         }
@@ -116,7 +117,7 @@ pub fn configure(command: &mut Command, setup: &ChildSetup) -> io::Result<()> {
         reset_signals()
     };
     // SAFETY: the hook runs in the forked child before exec. It makes only async-signal-safe
-    // raw system calls (write to cgroup.procs, setsid, ioctl, open, write, close, setpriority, ioprio_set, prlimit64, setgroups, setresgid,
+    // raw system calls (write to cgroup.procs, setsid, ioctl, open, write, close, setpriority, ioprio_set, close_range, prlimit64, setgroups, setresgid,
     // setresuid, chdir, rt_sigaction, rt_sigprocmask) on data captured before the fork; it
     // allocates nothing, takes no lock and touches no state shared with other threads of the
     // parent.
@@ -157,6 +158,24 @@ fn raise_oom_score() {
             );
             libc::close(fd);
         }
+    }
+}
+
+/// Every descriptor above stderr closed at the child's `exec`: the daemon opens everything
+/// close-on-exec, but a live upgrade clears the flag on the descriptors it hands over for the
+/// instant before its own `execve` (`upgrade::carry`), and a child forked by another thread
+/// then must not keep them. Best effort: a kernel before 5.11 lacks `CLOSE_RANGE_CLOEXEC`.
+fn close_inherited_on_exec() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range takes plain integers and only sets flags on this (forked) process's
+    // descriptors; a raw system call. The result is ignored on purpose (best effort).
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
     }
 }
 

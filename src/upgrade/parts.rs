@@ -12,12 +12,11 @@ use crate::proc;
 
 /// Why an upgrade cannot happen now: state a part would lose.
 pub fn refusal() -> Option<String> {
-    let processes = proc::Hub::running().map_or(0, |hub| hub.list().len());
     let watchers = crate::api::filesystem::live_watchers();
-    (processes > 0 || watchers > 0).then(|| {
+    (watchers > 0).then(|| {
         format!(
-            "cannot upgrade now: {processes} processes and {watchers} watchers are live, and a \
-             live upgrade does not carry processes or watchers over yet"
+            "cannot upgrade now: {watchers} watchers are live, and a live upgrade does not \
+             carry watchers over yet"
         )
     })
 }

@@ -123,7 +123,9 @@ fn proc_error(error: ProcError, context: &str) -> Error {
     let with_context = |code| Error::new(code, format!("{context}: {error}"));
     match &error {
         ProcError::NotFound(_) => Error::new(Code::NotFound, error.to_string()),
-        ProcError::ShuttingDown => Error::new(Code::Unavailable, error.to_string()),
+        ProcError::ShuttingDown | ProcError::Upgrading => {
+            Error::new(Code::Unavailable, error.to_string())
+        }
         ProcError::InputFull => Error::new(Code::ResourceExhausted, error.to_string()),
         ProcError::Io(e) if exhausted(e) => with_context(Code::ResourceExhausted),
         ProcError::Spawn(e) => with_context(spawn_code(e)),

@@ -16,7 +16,8 @@
 //! - A client that leaves is noticed within a second, `rpc::CHECK_EVERY` (or at the next
 //!   output); the process keeps running.
 //! - When the daemon shuts down, a stream whose process has not ended within the hub's grace
-//!   ends with `unavailable`.
+//!   ends with `unavailable`; when it is upgraded, every stream ends with `unavailable` at once,
+//!   after all the output read before (the rest waits for a `Connect` to the next image).
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use super::messages::{write_data_event, Empty, EndEvent, Event, EventResponse, S
 use crate::api::rpc::LiveStream;
 use crate::connect::{Call, Code, Error};
 use crate::http::Response;
-use crate::proc::{Exit, OutputKind, Subscriber, Wake, CHUNK};
+use crate::proc::{Abort, Exit, OutputKind, Subscriber, Wake, CHUNK};
 
 /// Bytes of events a stream holds for a client that has not taken them.
 pub const QUEUE_BYTES: usize = 256 << 10;
@@ -123,10 +124,15 @@ impl Subscriber for ProcessStream {
         self.ended(exit);
     }
 
-    fn abort(mut self: Box<Self>) {
-        self.live.finish(Err(Error::new(
-            Code::Unavailable,
-            "sandboxd is shutting down",
-        )));
+    fn abort(mut self: Box<Self>, why: Abort) {
+        let message = match why {
+            Abort::Shutdown => "sandboxd is shutting down",
+            Abort::Upgrade => {
+                "sandboxd is being upgraded: the process lives on; Connect to it again for the \
+                 rest of its output"
+            }
+        };
+        self.live
+            .finish(Err(Error::new(Code::Unavailable, message)));
     }
 }
