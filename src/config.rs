@@ -92,6 +92,9 @@ pub enum Command {
     EnvdVersion,
     /// envd's `-commit`: print the source commit ([`COMMIT`]).
     Commit,
+    /// `--handover-schema`: print the highest live-upgrade handover layout this build reads
+    /// (`upgrade::state::SCHEMA`); `/upgrade` asks a new binary before it hands over.
+    HandoverSchema,
     /// Probe `/health` at this address; exit 0 when it answers 204.
     Healthcheck(SocketAddr),
     Sign(SignRequest),
@@ -108,6 +111,7 @@ pub fn parse(
         Some("--help" | "-h" | "-help") => return Ok(Command::Help),
         Some("--version" | "-V") => return Ok(Command::Version),
         Some("-version") => return Ok(Command::EnvdVersion),
+        Some("--handover-schema") => return Ok(Command::HandoverSchema),
         Some(first) if envd::is_commit(first) => return Ok(Command::Commit),
         Some("sign") => return parse_sign(&args[1..], env),
         Some("--healthcheck") => {
@@ -198,8 +202,10 @@ impl<'a> Given<'a> {
                 Some((name, value)) if name.starts_with('-') => (name, Some(value.to_string())),
                 _ => (arg.as_str(), None),
             };
-            if matches!(name, "--help" | "--version" | "-version" | "--healthcheck")
-                || envd::is_commit(name)
+            if matches!(
+                name,
+                "--help" | "--version" | "-version" | "--healthcheck" | "--handover-schema"
+            ) || envd::is_commit(name)
             {
                 return Err(format!("{name} must come first"));
             }
@@ -426,6 +432,16 @@ mod tests {
             parse("sandboxd", &args(&["--version"]), &no_env).unwrap(),
             Command::Version
         );
+        assert_eq!(
+            parse("sandboxd", &args(&["--handover-schema"]), &no_env).unwrap(),
+            Command::HandoverSchema
+        );
+        assert!(parse(
+            "sandboxd",
+            &args(&["-p", "1", "--handover-schema"]),
+            &no_env
+        )
+        .is_err());
         assert!(parse(
             "sandboxd",
             &args(&["--listen", "127.0.0.1:1", "-version"]),

@@ -30,7 +30,7 @@ mod routes;
 mod stats;
 mod sys;
 mod token;
-mod upgrade;
+pub mod upgrade;
 
 // The binary (src/main.rs): parse the command line, then serve or run a subcommand.
 pub use api::init::ENVD_VERSION;

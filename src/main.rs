@@ -37,6 +37,10 @@ fn main() -> ExitCode {
             println!("{}", sandboxd::COMMIT);
             ExitCode::SUCCESS
         }
+        Command::HandoverSchema => {
+            println!("{}", sandboxd::upgrade::state::SCHEMA);
+            ExitCode::SUCCESS
+        }
         Command::Healthcheck(addr) => sandboxd::healthcheck(addr),
         Command::Sign(request) => sandboxd::sign(&request),
         Command::Serve(config) => sandboxd::run(config),

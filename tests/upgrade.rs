@@ -253,6 +253,19 @@ fn a_binary_that_does_not_run_is_400_and_the_old_daemon_serves_on() {
         answer.contains("the new binary does not run: '-version' it printed no version: 'hello'"),
         "{answer}"
     );
+    // envd's own binary (here a stand-in answering only `-version`) runs, but would not take
+    // the listener and processes over: refused before anything is touched.
+    let envd = b"#!/bin/sh\ncase \"$1\" in -version) echo 0.6.13;; *) echo \"flag provided but not defined: $1\"; exit 2;; esac\n";
+    let answer = upgrade(&daemon, TOKEN, &[], envd);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains(
+            "the new binary cannot take over from sandboxd: '--handover-schema' exit status 2: \
+             'flag provided but not defined: --handover-schema' (a daemon other than sandboxd, or \
+             one without live upgrade, needs a restart instead)"
+        ),
+        "{answer}"
+    );
     assert_eq!(files_in(dir.path()), Vec::<PathBuf>::new());
     assert_eq!(daemon.get("/health").status, 204);
     assert!(!daemon.log().iter().any(|l| l.contains("took over")));

@@ -15,6 +15,7 @@ Usage:
   sandboxd --help | --version
   sandboxd -version                  print only the envd API level implemented (as envd does)
   sandboxd -commit                   print the source commit built from (as envd does)
+  sandboxd --handover-schema         print the live-upgrade handover layout it reads (/upgrade)
 
 Options (each also read from the environment variable shown; the flag wins; SECS may be
 fractional):

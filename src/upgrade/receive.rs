@@ -125,6 +125,7 @@ impl Receiver {
                 version.chars().take(200).collect::<String>()
             )));
         }
+        takes_over(&shown)?;
         std::fs::rename(&self.temporary, &self.target).map_err(|e| {
             ApiError::internal(format!(
                 "cannot put the new binary at '{}': {e}",
@@ -138,6 +139,33 @@ impl Receiver {
         ));
         Ok(())
     }
+}
+
+/// Whether the binary at `path` reads the handover this build writes: it answers
+/// `--handover-schema` with a layout at least [`SCHEMA`](super::state::SCHEMA). envd's binary,
+/// or a sandboxd from before live upgrades, would start without taking over the listener and
+/// the processes (and fail to listen): refused before anything is touched.
+fn takes_over(path: &str) -> Result<(), ApiError> {
+    let ran = command::run(
+        path,
+        &["--handover-schema"],
+        Instant::now() + VERSION_BUDGET,
+    );
+    let printed = ran.output.trim();
+    let schema = printed.parse::<u32>().ok();
+    if ran.result.is_ok() && schema.is_some_and(|schema| schema >= super::state::SCHEMA) {
+        return Ok(());
+    }
+    let why = match (&ran.result, schema) {
+        (Err(failure), _) => failure.to_string(),
+        (Ok(()), Some(schema)) => format!("it reads layouts up to {schema} only"),
+        (Ok(()), None) => "it printed no layout".to_string(),
+    };
+    Err(ApiError::bad_request(format!(
+        "the new binary cannot take over from sandboxd: '--handover-schema' {why}: '{}' (a \
+         daemon other than sandboxd, or one without live upgrade, needs a restart instead)",
+        printed.chars().take(200).collect::<String>()
+    )))
 }
 
 /// `1.2.3`: what `-version` prints.
