@@ -73,9 +73,10 @@ pub struct CarriedProcess {
     /// Milliseconds left before its deadline kills it.
     #[prost(uint64, optional, tag = "14")]
     pub kill_in_ms: Option<u64>,
-    /// It had subscribers: its output is held for them ([`HOLD`]).
-    #[prost(bool, tag = "15")]
-    pub had_subscribers: bool,
+    /// It had subscribers: milliseconds its output is still held for them ([`HOLD`] from the
+    /// upgrade that ended them; what is left of it when no subscriber came back since).
+    #[prost(uint64, optional, tag = "15")]
+    pub hold_ms: Option<u64>,
 }
 
 /// One output: its kind (0 stdout, 1 stderr, 2 terminal) and carried number.
@@ -223,7 +224,14 @@ fn carried_process(
         kill_in_ms: process
             .kill_at
             .map(|at| millis(at.saturating_duration_since(now))),
-        had_subscribers: process.held(now),
+        hold_ms: process
+            .held(now)
+            .then(|| {
+                process
+                    .hold_until
+                    .map(|until| millis(until.saturating_duration_since(now)))
+            })
+            .flatten(),
     })
 }
 
@@ -343,7 +351,9 @@ fn adopt_process(
             .kill_in_ms
             .map(|ms| now + Duration::from_millis(ms.min(MAX_MILLIS))),
         reap_retry: None,
-        hold_until: carried.had_subscribers.then(|| now + HOLD),
+        hold_until: carried
+            .hold_ms
+            .map(|ms| now + Duration::from_millis(ms).min(HOLD)),
     };
     (Some(process), complete)
 }
@@ -453,7 +463,7 @@ mod tests {
                 CarriedOutput { kind: 1, fd: 1001 },
             ],
             kill_in_ms: Some(u64::MAX),
-            had_subscribers: true,
+            hold_ms: Some(u64::MAX),
             ..CarriedProcess::default()
         };
         let now = Instant::now();
@@ -466,6 +476,11 @@ mod tests {
         assert!(process.outputs.is_empty());
         assert!(process.kill_at.unwrap() <= now + Duration::from_millis(MAX_MILLIS));
         assert!(process.held(now));
+        assert_eq!(
+            process.hold_until,
+            Some(now + HOLD),
+            "at most the whole hold"
+        );
         let bad_pid = CarriedProcess {
             pid: u32::MAX,
             ..carried

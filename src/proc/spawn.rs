@@ -145,9 +145,14 @@ fn spawn_with_pipes(mut command: Command, stdin: bool) -> io::Result<Spawned> {
 
 type Pipes = (Arc<File>, Arc<File>, Option<Arc<File>>);
 
+/// The stdout pipe's size.
+const OUTPUT_PIPE: usize = 1 << 20;
+
 fn take_pipes(child: &mut Child) -> io::Result<Pipes> {
     let missing = || io::Error::other("the child's pipes were not created");
-    let stdout = nonblocking(OwnedFd::from(child.stdout.take().ok_or_else(missing)?))?;
+    let stdout = OwnedFd::from(child.stdout.take().ok_or_else(missing)?);
+    let _ = crate::sys::poll::set_pipe_size(stdout.as_fd(), OUTPUT_PIPE);
+    let stdout = nonblocking(stdout)?;
     let stderr = nonblocking(OwnedFd::from(child.stderr.take().ok_or_else(missing)?))?;
     let input = match child.stdin.take() {
         Some(stdin) => Some(nonblocking(OwnedFd::from(stdin))?),

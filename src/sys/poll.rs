@@ -124,6 +124,15 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// Asks the kernel to let the pipe of `fd` hold `size` bytes (`F_SETPIPE_SZ`); its answer,
+/// the size it has now. Refused above `/proc/sys/fs/pipe-max-size` for an unprivileged caller.
+pub fn set_pipe_size(fd: BorrowedFd<'_>, size: usize) -> io::Result<usize> {
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    // SAFETY: F_SETPIPE_SZ takes an int; the descriptor is borrowed for the call.
+    let now = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, size) })?;
+    Ok(usize::try_from(now).unwrap_or(0))
+}
+
 /// `poll(2)` on `polled`, filling each `revents`; an interrupted wait reports nothing ready.
 fn poll(polled: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
     for entry in polled.iter_mut() {
