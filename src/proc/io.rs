@@ -87,6 +87,9 @@ pub(super) fn run(shared: &Shared) {
                 continue;
             };
             match watch.slot {
+                // Held since the poll began (an upgrade that failed meanwhile): its output
+                // waits for its subscribers to come back.
+                Slot::Output(_) if process.held(Instant::now()) => {}
                 Slot::Output(index) => read_output(process, index, &mut buf, &wake),
                 Slot::Input => write_input(process),
             }
