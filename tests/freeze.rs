@@ -246,3 +246,53 @@ fn init_without_a_freeze_thaws_only_the_daemons_own_groups() {
     );
     assert!(frozen(&other), "another's freeze is left");
 }
+
+/// E2B's orchestrator upgrades the daemon at a resume, the workload still frozen from before
+/// the pause, and its next `/init` thaws it: the new image takes the freeze up (SPEC §9c).
+#[test]
+fn a_freeze_crosses_a_live_upgrade_and_the_next_init_thaws_it_but_not_the_guests_own() {
+    let Some(cgroup) = TestCgroup::make() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("envd.next");
+    let daemon = daemon_in(&cgroup, &["--upgrade-path", target.to_str().unwrap()]);
+    assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
+    let custom = cgroup.child("custom");
+    let paused = cgroup.child("paused");
+    std::fs::create_dir(&custom).unwrap();
+    std::fs::create_dir(&paused).unwrap();
+    std::fs::write(paused.join("cgroup.freeze"), "1").unwrap();
+    let mut child = std::process::Command::new("sh")
+        .args(BUSY_LOOP)
+        .spawn()
+        .unwrap();
+    std::fs::write(custom.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let (status, result) = freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000");
+    assert_eq!(status, 200, "{result}");
+    assert!(frozen(&custom));
+    assert_eq!(
+        crate::upgrade::upgrade(&daemon, crate::common::TOKEN, &[], b""),
+        ""
+    );
+    daemon.log_with(|l| l.contains("upgrade: a freeze is in effect (1 cgroups the guest froze"));
+    daemon.log_with(|l| l.contains("upgrade: took back"));
+    assert!(frozen(&custom), "still frozen across the upgrade");
+    // A Start into a frozen group is refused, as before the upgrade.
+    let mut stream = Stream::open(
+        &daemon,
+        "process.Process/Start",
+        &json!({"process": {"cmd": "true"}}),
+        &[],
+    );
+    let end = stream.next();
+    assert_eq!(Stream::end_error(&end).unwrap().0, "unavailable", "{end:?}");
+    assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
+    eventually(
+        || !frozen(&custom),
+        "the /init thawed the guest's busy group",
+    );
+    assert!(frozen(&paused), "the guest's own freeze is left");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -184,7 +184,7 @@ pub fn perform<H: crate::http::Handler>(
 fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -> String {
     let mut handover = Handover::of(app.state(), listener.as_raw_fd());
     let mut carry = carry::Carry::new();
-    if let Err(error) = parts::export(&mut handover, &mut carry) {
+    if let Err(error) = parts::export(app, &mut handover, &mut carry) {
         return format!("cannot write the handover: {error}");
     }
     handover.carried_fds = carry.numbers();
@@ -266,8 +266,8 @@ pub fn take_over() -> Option<TakenOver> {
 
 /// The new image takes back what the handover carries (after the daemon's own state): each
 /// part adopts its share; how it went is kept for `/init`.
-pub fn adopt(handover: &Handover, mut inherited: carry::Inherited) {
-    let outcome = parts::adopt(handover, &mut inherited);
+pub fn adopt(app: &App, handover: &Handover, mut inherited: carry::Inherited) {
+    let outcome = parts::adopt(app, handover, &mut inherited);
     inherited.close_rest();
     log::line(format_args!("upgrade: took back {}", outcome.header()));
     record_outcome(outcome);

@@ -3,11 +3,13 @@
 //! main thread, before the drain: each part stops changing what it will hand over and ends the
 //! streams that cannot cross the `execve`), [`export`] (its state into the handover, its
 //! descriptors into the [`Carry`]), [`resume`] (the `execve` failed: serve on), and in the new
-//! image [`adopt`].
+//! image [`adopt`]. The parts: the process table (`proc::handover`), a freeze in effect
+//! (`platform::cgroups`), watchers, forwards.
 
 use super::carry::{Carry, Inherited};
 use super::state::Handover;
 use super::Outcome;
+use crate::app::App;
 use crate::proc;
 
 /// Why an upgrade cannot happen now: state a part would lose.
@@ -27,10 +29,11 @@ pub fn prepare() {
 }
 
 /// Every part's state into `handover`, its descriptors into `carry`.
-pub fn export(handover: &mut Handover, carry: &mut Carry) -> Result<(), String> {
+pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(), String> {
     let (processes, exits) = proc::handover::export(carry)?;
     handover.processes = processes;
     handover.exits = exits;
+    handover.freeze = app.cgroups.carried_freeze();
     Ok(())
 }
 
@@ -40,8 +43,11 @@ pub fn resume() {
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
-pub fn adopt(handover: &Handover, inherited: &mut Inherited) -> Outcome {
+pub fn adopt(app: &App, handover: &Handover, inherited: &mut Inherited) -> Outcome {
     let mut outcome = Outcome::default();
+    if let Some(freeze) = &handover.freeze {
+        app.cgroups.adopt_freeze(freeze);
+    }
     let processes = proc::handover::adopt(&handover.processes, &handover.exits, inherited);
     outcome.procs = processes.procs;
     outcome.procs_failed = processes.procs_failed;

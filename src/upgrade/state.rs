@@ -56,6 +56,9 @@ pub struct Handover {
     /// Exits remembered for a late `Connect`.
     #[prost(message, repeated, tag = "15")]
     pub exits: Vec<crate::proc::handover::CarriedExit>,
+    /// A freeze in effect (`platform::cgroups`).
+    #[prost(message, optional, tag = "18")]
+    pub freeze: Option<crate::platform::cgroups::CarriedFreeze>,
 }
 
 /// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`.

@@ -283,6 +283,28 @@ impl Cgroups {
     }
 }
 
+impl Cgroups {
+    /// A freeze of this daemon's in effect: what the guest had frozen before it (`None`: no
+    /// freeze). For a live upgrade (`cgroups::handover`).
+    pub(super) fn freeze_in_effect(&self) -> Option<Vec<PathBuf>> {
+        let state = self.freezer.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.active.then(|| state.guest_frozen.clone())
+    }
+
+    /// Takes up a freeze a previous image made: in effect, the guest's own freezes left alone
+    /// by the thaw, `Start`s gated, and the watchdog armed again (its window counts from now).
+    pub(super) fn resume_freeze(self: &Arc<Self>, guest_frozen: Vec<PathBuf>) {
+        let mut state = self.freezer.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.active = true;
+        state.guest_frozen = guest_frozen;
+        *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = true;
+        let weak = Arc::downgrade(self);
+        self.freezer
+            .watchdog
+            .arm(Box::new(move |generation| watchdog_thaw(&weak, generation)));
+    }
+}
+
 /// The watchdog's thaw: only if its arming is still the current one, checked under the lock.
 fn watchdog_thaw(cgroups: &Weak<Cgroups>, generation: u64) {
     let Some(cgroups) = cgroups.upgrade() else {

@@ -22,6 +22,8 @@
 
 pub mod events;
 pub mod freeze;
+mod handover;
+pub use handover::CarriedFreeze;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
