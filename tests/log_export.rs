@@ -237,3 +237,38 @@ fn a_collector_address_that_is_not_an_http_ip_url_is_said_once_and_ignored() {
         assert_eq!(daemon.get("/health").status, 204);
     }
 }
+
+/// Lines queued for a collector not named yet cross a live upgrade: the next image sends them.
+#[test]
+fn lines_not_yet_sent_cross_a_live_upgrade() {
+    let collector = Collector::start(200);
+    let mmds = FakeMmds::start(json!({
+        "instanceID": "isb-9", "envID": "tpl-9", "address": "", "accessTokenHash": ""
+    }));
+    let root = tempfile::tempdir().unwrap();
+    let target = root.path().join("envd.next");
+    let daemon = mmds.daemon(
+        builder().args(&["--upgrade-path", target.to_str().unwrap()]),
+        root.path(),
+    );
+    assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
+    assert_eq!(
+        daemon.get("/files?path=/marker-before-the-upgrade").status,
+        404
+    );
+    assert_eq!(
+        crate::upgrade::upgrade(&daemon, crate::common::TOKEN, &[], b""),
+        ""
+    );
+    daemon.log_with(|l| l.contains("upgrade: took back"));
+    let address = format!("http://{}/logs", collector.addr);
+    mmds.set(|state| state.metadata["address"] = json!(address));
+    assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
+    let lines = collector.lines_with(|line| line.to_string().contains("marker-before-the-upgrade"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.to_string().contains("upgrade: took back")),
+        "{lines:?}"
+    );
+}

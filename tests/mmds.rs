@@ -20,8 +20,8 @@ const MMDS_TOKEN: &str = "mmds-session-token-1";
 
 /// What the fake serves and what it saw.
 #[derive(Default)]
-struct State {
-    metadata: serde_json::Value,
+pub(crate) struct State {
+    pub(crate) metadata: serde_json::Value,
     /// Accept connections but never answer.
     stall: bool,
     /// Answer the metadata with this text instead of the JSON.
@@ -55,7 +55,7 @@ impl FakeMmds {
         FakeMmds { addr, state }
     }
 
-    fn set(&self, change: impl FnOnce(&mut State)) {
+    pub(crate) fn set(&self, change: impl FnOnce(&mut State)) {
         change(&mut self.state.lock().unwrap());
     }
 

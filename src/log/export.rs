@@ -158,6 +158,35 @@ pub(super) fn push(line: &[u8]) {
     }
 }
 
+/// The lines waiting to be sent, taken for a live upgrade's handover (`crate::upgrade`):
+/// the next image sends them. A batch being sent at that moment is not among them.
+pub fn take_queued() -> Vec<Vec<u8>> {
+    let Some(exporter) = EXPORTER.get() else {
+        return Vec::new();
+    };
+    let mut queue = exporter_queue(exporter);
+    queue.bytes = 0;
+    queue.lines.drain(..).collect()
+}
+
+/// Puts back, before the lines queued since this image started, those a previous image
+/// handed over; within the same bound (the oldest dropped for room).
+pub fn requeue(lines: Vec<Vec<u8>>) {
+    let Some(exporter) = EXPORTER.get() else {
+        return;
+    };
+    let mut queue = exporter_queue(exporter);
+    for line in lines.into_iter().rev() {
+        if line.len() > MAX_LINE || queue.bytes + line.len() + LINE_OVERHEAD > MAX_QUEUED {
+            queue.dropped += 1;
+            continue;
+        }
+        queue.bytes += line.len() + LINE_OVERHEAD;
+        queue.lines.push_front(line);
+    }
+    exporter.wake.notify_one();
+}
+
 fn make_room(queue: &mut Queue, wanted: usize) {
     while queue.bytes + wanted > MAX_QUEUED {
         let Some(oldest) = queue.lines.pop_front() else {

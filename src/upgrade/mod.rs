@@ -46,8 +46,9 @@ use state::Handover;
 
 /// The variable naming the handed-over descriptors: `<listener>,<state>`.
 pub const HANDOVER_VAR: &str = "SANDBOXD_HANDOVER";
-/// The state's largest size read back.
-const MAX_STATE: u64 = 16 << 20;
+/// The state's largest size read back: the parts' own bounds (8 MiB of watchers' events, the
+/// log exporter's 8 MiB) with room to spare.
+const MAX_STATE: u64 = 32 << 20;
 
 /// An upgrade the route accepted, for the main thread.
 pub struct Pending {

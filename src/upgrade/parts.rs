@@ -4,7 +4,7 @@
 //! streams that cannot cross the `execve`), [`export`] (its state into the handover, its
 //! descriptors into the [`Carry`]), [`resume`] (the `execve` failed: serve on), and in the new
 //! image [`adopt`]. The parts: the process table (`proc::handover`), a freeze in effect
-//! (`platform::cgroups`), watchers, forwards.
+//! (`platform::cgroups`), the log lines not yet exported (`log::export`), watchers, forwards.
 
 use super::carry::{Carry, Inherited};
 use super::state::Handover;
@@ -34,6 +34,8 @@ pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(
     handover.processes = processes;
     handover.exits = exits;
     handover.freeze = app.cgroups.carried_freeze();
+    // Last: the lines logged up to here go to the next image's exporter.
+    handover.log_lines = crate::log::export::take_queued();
     Ok(())
 }
 
@@ -48,6 +50,7 @@ pub fn adopt(app: &App, handover: &Handover, inherited: &mut Inherited) -> Outco
     if let Some(freeze) = &handover.freeze {
         app.cgroups.adopt_freeze(freeze);
     }
+    crate::log::export::requeue(handover.log_lines.clone());
     let processes = proc::handover::adopt(&handover.processes, &handover.exits, inherited);
     outcome.procs = processes.procs;
     outcome.procs_failed = processes.procs_failed;

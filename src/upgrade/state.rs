@@ -59,6 +59,9 @@ pub struct Handover {
     /// A freeze in effect (`platform::cgroups`).
     #[prost(message, optional, tag = "18")]
     pub freeze: Option<crate::platform::cgroups::CarriedFreeze>,
+    /// Log lines the exporter had not sent yet (`log::export`), oldest first.
+    #[prost(bytes = "vec", repeated, tag = "19")]
+    pub log_lines: Vec<Vec<u8>>,
 }
 
 /// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`.
