@@ -260,6 +260,17 @@ pub fn adopt(
     }
     for carried in processes {
         adopted.procs += 1;
+        if !is_our_child(carried.pid) {
+            // Never signal or wait for a pid that is not ours: a handover that names one is
+            // not taken at its word (the process ended and was reaped before the swap only if
+            // the handover lied; its descriptors, if any, are closed with the rest).
+            adopted.procs_failed += 1;
+            log::line(format_args!(
+                "upgrade: process {} is not a child of this daemon; not taken back",
+                carried.pid
+            ));
+            continue;
+        }
         let (process, complete) = adopt_process(carried, now, inherited);
         if !complete {
             adopted.procs_failed += 1;
@@ -356,6 +367,19 @@ fn adopt_process(
             .map(|ms| now + Duration::from_millis(ms).min(HOLD)),
     };
     (Some(process), complete)
+}
+
+/// Whether `pid` is a child of this process (reaped or not), per `/proc/<pid>/stat`'s parent.
+fn is_our_child(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name may hold spaces and parentheses: the fields follow its last ')'.
+    let parent = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|field| field.parse::<u32>().ok());
+    parent == Some(std::process::id())
 }
 
 fn remembered(exit: &CarriedExit, now: Instant) -> Option<Retained> {
@@ -488,6 +512,20 @@ mod tests {
         assert!(adopt_process(&bad_pid, now, &mut Inherited::default())
             .0
             .is_none());
+    }
+
+    #[test]
+    fn only_a_child_of_this_process_is_ours() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert!(is_our_child(child.id()));
+        assert!(!is_our_child(1));
+        assert!(!is_our_child(std::process::id()));
+        assert!(!is_our_child(u32::MAX));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
