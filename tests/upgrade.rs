@@ -144,7 +144,8 @@ fn upgrade_needs_the_token_and_an_authorised_init_first() {
     );
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     let expected = format!(
-        "unsupported upgrade target '/usr/bin/other': the only one is '{}' (--upgrade-path)",
+        "unsupported upgrade target '/usr/bin/other': the only ones are '{}' (--upgrade-path) \
+         and envd's '/usr/bin/envd.next', which means it",
         dir.path().join("envd.next").display()
     );
     assert!(answer.contains(&expected), "{answer}");

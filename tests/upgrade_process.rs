@@ -128,10 +128,14 @@ fn a_streaming_command_loses_and_doubles_no_byte_across_three_upgrades() {
         // Some output first, then the upgrade while it streams.
         while told.stdout.len() < 200 * round && told.take(&mut stream) {}
         assert!(told.end.is_none(), "ended too early: {told:?}");
-        // The second time to a binary sent in the body (this build's, written to
-        // --upgrade-path), else to the running one.
-        let binary = if round == 2 { own_binary() } else { Vec::new() };
-        assert_eq!(upgrade(&daemon, TOKEN, &[], &binary), "");
+        // The second time to a binary sent in the body as E2B's orchestrator sends it (this
+        // build's, to envd's path, which means --upgrade-path), else to the running one.
+        if round == 2 {
+            let headers = [("X-Envd-Upgrade-Bin", "/usr/bin/envd.next")];
+            assert_eq!(upgrade(&daemon, TOKEN, &headers, &own_binary()), "");
+        } else {
+            assert_eq!(upgrade(&daemon, TOKEN, &[], b""), "");
+        }
         let told = told.until_end(&mut stream);
         assert_upgrading_end(&told);
         all.extend(told.stdout);
@@ -143,6 +147,11 @@ fn a_streaming_command_loses_and_doubles_no_byte_across_three_upgrades() {
     assert_eq!(told.end.as_ref().unwrap()["exitCode"], 0);
     assert_eq!(told.end.as_ref().unwrap()["status"], "exit status 0");
     all.extend(told.stdout);
+    assert_eq!(
+        std::fs::read(dir.path().join("envd.next")).unwrap(),
+        own_binary(),
+        "the binary went to --upgrade-path"
+    );
     let expected: String = (0..1500).map(|i| format!("line {i}\n")).collect();
     assert_eq!(String::from_utf8(all).unwrap(), expected);
     let handover = daemon.call("POST", "/init", b"{}");

@@ -421,7 +421,7 @@ pub const UPGRADE_PATH: Setting<PathBuf> = Setting {
         value: "PATH",
         default: Fallback::Text("/usr/bin/envd.next"),
         help: "where `POST /upgrade` writes the new binary it then runs (envd's path; the \
-               orchestrator's `X-Envd-Upgrade-Bin` must name it)",
+               orchestrator's `X-Envd-Upgrade-Bin`, envd's path or this one, means it)",
     },
     parse: |flag, text| absolute_path(flag, text),
     absent: None,

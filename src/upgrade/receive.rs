@@ -14,6 +14,9 @@ use crate::error::ApiError;
 use crate::http::{Action, BodySink, Head, Response};
 use crate::platform::command;
 
+/// envd's fixed path (`DefaultUpgradeBinPath`), which E2B's orchestrator names in
+/// `X-Envd-Upgrade-Bin`: it means `--upgrade-path`, wherever that is.
+pub const ENVD_UPGRADE_PATH: &str = "/usr/bin/envd.next";
 /// The largest binary accepted.
 pub const MAX_BINARY: u64 = 256 << 20;
 /// How long the new binary's `-version` may take.
@@ -30,9 +33,10 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     }
     let target = &app.config.upgrade_path;
     if let Some(named) = head.header("x-envd-upgrade-bin").filter(|h| !h.is_empty()) {
-        if named != target.as_os_str().as_encoded_bytes() {
+        if named != target.as_os_str().as_encoded_bytes() && named != ENVD_UPGRADE_PATH.as_bytes() {
             return Err(ApiError::bad_request(format!(
-                "unsupported upgrade target '{}': the only one is '{}' (--upgrade-path)",
+                "unsupported upgrade target '{}': the only ones are '{}' (--upgrade-path) and \
+                 envd's '{ENVD_UPGRADE_PATH}', which means it",
                 String::from_utf8_lossy(named),
                 target.display()
             )));
