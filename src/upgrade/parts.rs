@@ -8,6 +8,7 @@
 use super::carry::{Carry, Inherited};
 use super::state::Handover;
 use super::Outcome;
+use crate::platform::forward::handover as forward;
 use crate::proc;
 
 /// Why an upgrade cannot happen now: state a part would lose.
@@ -25,6 +26,7 @@ pub fn refusal() -> Option<String> {
 /// Every part stops changing what it hands over.
 pub fn prepare() {
     proc::handover::prepare();
+    forward::prepare();
 }
 
 /// Every part's state into `handover`, its descriptors into `carry`.
@@ -32,12 +34,14 @@ pub fn export(handover: &mut Handover, carry: &mut Carry) -> Result<(), String> 
     let (processes, exits) = proc::handover::export(carry)?;
     handover.processes = processes;
     handover.exits = exits;
+    handover.forwards = forward::export(carry);
     Ok(())
 }
 
 /// The `execve` failed: every part serves on.
 pub fn resume() {
     proc::handover::resume();
+    forward::resume();
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
@@ -48,5 +52,7 @@ pub fn adopt(handover: &Handover, inherited: &mut Inherited) -> Outcome {
     outcome.procs_failed = processes.procs_failed;
     outcome.retained = processes.retained;
     outcome.retained_failed = processes.retained_failed;
+    // envd's header has no field for forwards: their adoption is logged.
+    forward::adopt(&handover.forwards, inherited);
     outcome
 }

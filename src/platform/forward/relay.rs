@@ -15,6 +15,13 @@
 //! behind the others). An end of stream on one side is passed on as a half-close of the other
 //! (`shutdown(SHUT_WR)`, after what was pending); when both directions have ended, or either
 //! side fails, both sockets are closed together.
+//!
+//! Across a live upgrade ([`carried`]) the relay is parked between two turns and its
+//! listeners, connections and pipes cross the `execve` as descriptors.
+
+mod carried;
+
+pub use carried::Restored;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

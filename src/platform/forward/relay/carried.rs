@@ -1,0 +1,320 @@
+//! The relay's side of a live upgrade: its listeners and connections written down (on the
+//! parked relay of the old image) and taken back (in the new one), every descriptor checked.
+//!
+//! A direction's bytes read and not yet written cross in its pipe, itself a descriptor that
+//! crosses the `execve` with what it holds; the few held in memory (a direction that never had
+//! a pipe) are written into a pipe made for them at export, so the handover stays small
+//! whatever the connections hold. Only when no pipe can be made do they travel in the
+//! handover itself (at most [`SCRATCH`] bytes a direction).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+
+use super::{pair_token, Flow, Pair, Relay, EDGE_ALL, LISTENER, PIPE_BYTES, SCRATCH};
+use crate::log;
+use crate::platform::forward::handover::{Adopted, CarriedConnection, CarriedFlow, CarriedForward};
+use crate::platform::forward::scan::Forwards;
+use crate::sys::net::{is_listening, pipe_len, splice_pipe};
+use crate::upgrade::carry::{Carry, Inherited};
+
+/// What a previous image carried, taken back and checked, for [`Relay::take_over`].
+#[derive(Default)]
+pub struct Restored {
+    listeners: Vec<(TcpListener, SocketAddr)>,
+    pairs: Vec<Pair>,
+}
+
+impl Relay {
+    /// Every forward and connection, written down; their descriptors kept in `carry`. Bytes a
+    /// direction holds in memory go into its pipe first (the relay is parked: nothing else
+    /// moves them, and if the upgrade fails the relay goes on from there).
+    pub fn export(&mut self, carry: &mut Carry) -> Vec<CarriedForward> {
+        let mut forwards: Vec<CarriedForward> = self
+            .ports
+            .iter()
+            .map(|port| CarriedForward {
+                port: u32::from(port.port),
+                listener_fd: carry
+                    .keep(port.listener.as_fd())
+                    .map_err(|e| {
+                        log::line(format_args!(
+                            "upgrade: forward :{}: cannot carry its listener: {e}",
+                            port.port
+                        ));
+                    })
+                    .ok(),
+                upstream: port.upstream.to_string(),
+                connections: Vec::new(),
+            })
+            .collect();
+        for pair in self.pairs.iter_mut().flatten() {
+            let Some(forward) = forwards.iter_mut().find(|f| f.port == u32::from(pair.port)) else {
+                continue;
+            };
+            pair.flows.iter_mut().for_each(pending_into_pipe);
+            match carry_pair(pair, carry) {
+                Ok(connection) => forward.connections.push(connection),
+                Err(e) => log::line(format_args!(
+                    "upgrade: forward :{}: cannot carry a connection: {e}",
+                    pair.port
+                )),
+            }
+        }
+        forwards
+    }
+
+    /// Serves what a previous image carried (listeners bound elsewhere than `address` are
+    /// closed); the forwards now served, for the supervisor.
+    pub fn take_over(&mut self, restored: Restored, address: IpAddr) -> Forwards {
+        let mut forwards = Forwards::new();
+        for (listener, upstream) in restored.listeners {
+            let port = upstream.port();
+            if listener.local_addr().map(|a| a.ip()).ok() != Some(address)
+                || forwards.iter().any(|(p, _)| *p == port)
+            {
+                log::line(format_args!(
+                    "upgrade: forward :{port}: the carried listener is not one of {address}'s \
+                     ports: closed"
+                ));
+                continue;
+            }
+            self.open(listener, upstream);
+            if self.ports.iter().any(|p| p.port == port) {
+                forwards.push((port, upstream));
+                self.again.push(LISTENER | u64::from(port));
+            }
+        }
+        for pair in restored.pairs {
+            let port = pair.port;
+            let entry = self.ports.iter_mut().find(|p| p.port == port);
+            if entry.as_ref().is_some_and(|e| e.open >= self.per_port) {
+                log::line(format_args!(
+                    "upgrade: forward :{port}: a carried connection is over the cap: closed"
+                ));
+                continue;
+            }
+            let index = self.free.pop().unwrap_or(self.pairs.len());
+            let token = pair_token(index);
+            if let Err(e) = self
+                .epoll
+                .add(pair.client.as_fd(), token, EDGE_ALL)
+                .and_then(|()| self.epoll.add(pair.upstream.as_fd(), token | 1, EDGE_ALL))
+            {
+                log::line(format_args!(
+                    "upgrade: forward :{port}: cannot watch a carried connection: {e}"
+                ));
+                self.free.push(index);
+                continue;
+            }
+            if let Some(entry) = entry {
+                entry.open += 1;
+            }
+            match self.pairs.get_mut(index) {
+                Some(slot) => *slot = Some(pair),
+                None => self.pairs.push(Some(pair)),
+            }
+            // Moved at the first turn, whatever happened while nobody watched.
+            self.again.push(token);
+        }
+        forwards
+    }
+}
+
+/// Moves bytes a direction holds in memory into its pipe (made for them if need be), where
+/// they cross the `execve`; what does not fit stays pending.
+fn pending_into_pipe(flow: &mut Flow) {
+    if flow.pending.is_empty() || flow.in_pipe > 0 {
+        return;
+    }
+    if flow.pipe.is_none() {
+        flow.pipe = splice_pipe(PIPE_BYTES).ok();
+    }
+    let Some((_, write)) = &flow.pipe else {
+        return;
+    };
+    // The pipe is non-blocking: a write it cannot take whole is cut short, never waited on.
+    let written = write
+        .try_clone()
+        .map(File::from)
+        .and_then(|mut pipe| pipe.write(&flow.pending))
+        .unwrap_or(0);
+    flow.pending.drain(..written);
+    flow.in_pipe = written;
+}
+
+fn carry_pair(pair: &Pair, carry: &mut Carry) -> io::Result<CarriedConnection> {
+    let [to_upstream, to_client] = &pair.flows;
+    Ok(CarriedConnection {
+        client_fd: carry.keep(pair.client.as_fd())?,
+        upstream_fd: carry.keep(pair.upstream.as_fd())?,
+        connected: pair.connected,
+        to_upstream: Some(carry_flow(to_upstream, carry)?),
+        to_client: Some(carry_flow(to_client, carry)?),
+    })
+}
+
+fn carry_flow(flow: &Flow, carry: &mut Carry) -> io::Result<CarriedFlow> {
+    let (pipe_read_fd, pipe_write_fd) = match &flow.pipe {
+        Some((read, write)) => (
+            Some(carry.keep(read.as_fd())?),
+            Some(carry.keep(write.as_fd())?),
+        ),
+        None => (None, None),
+    };
+    Ok(CarriedFlow {
+        pipe_read_fd,
+        pipe_write_fd,
+        in_pipe: u64::try_from(flow.in_pipe).unwrap_or(u64::MAX),
+        pending: flow.pending.clone(),
+        eof: flow.eof,
+        shut: flow.shut,
+    })
+}
+
+impl Restored {
+    /// Takes back the descriptors `forwards` names, each checked: a listener must listen, a
+    /// connection's sockets be sockets, a pipe hold what it says; an upstream must be the
+    /// loopback at the forward's own port. What fails is closed, logged and counted.
+    pub fn from_handover(
+        forwards: &[CarriedForward],
+        inherited: &mut Inherited,
+    ) -> (Restored, Adopted) {
+        let mut restored = Restored::default();
+        let mut adopted = Adopted::default();
+        for forward in forwards {
+            let target = upstream_of(forward);
+            if let Some(fd) = forward.listener_fd {
+                let listener = inherited.take(fd).ok_or_else(|| "not carried".to_string());
+                match target
+                    .clone()
+                    .and_then(|up| Ok((listening(listener?)?, up)))
+                {
+                    Ok(entry) => {
+                        restored.listeners.push(entry);
+                        adopted.listeners += 1;
+                    }
+                    Err(e) => {
+                        log::line(format_args!(
+                            "upgrade: forward :{}: its listener is not taken back ({e}); the \
+                             next scan binds it again",
+                            forward.port
+                        ));
+                        adopted.listeners_failed += 1;
+                    }
+                }
+            }
+            for connection in &forward.connections {
+                let pair = target
+                    .clone()
+                    .and_then(|up| pair_of(up.port(), connection, inherited));
+                match pair {
+                    Ok(pair) => {
+                        restored.pairs.push(pair);
+                        adopted.connections += 1;
+                    }
+                    Err(e) => {
+                        log::line(format_args!(
+                            "upgrade: forward :{}: a connection is not taken back: {e}",
+                            forward.port
+                        ));
+                        adopted.connections_failed += 1;
+                    }
+                }
+            }
+        }
+        (restored, adopted)
+    }
+}
+
+/// The forward's upstream: the loopback, at the forward's own port (a handover naming any
+/// other address is not followed).
+fn upstream_of(forward: &CarriedForward) -> Result<SocketAddr, String> {
+    let upstream: SocketAddr = forward
+        .upstream
+        .parse()
+        .map_err(|_| format!("'{}' is not an address", forward.upstream))?;
+    let loopback = [
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ];
+    if !loopback.contains(&upstream.ip()) || u32::from(upstream.port()) != forward.port {
+        return Err(format!(
+            "'{upstream}' is not the loopback at port {}",
+            forward.port
+        ));
+    }
+    Ok(upstream)
+}
+
+fn listening(fd: OwnedFd) -> Result<TcpListener, String> {
+    match is_listening(fd.as_fd()) {
+        Ok(true) => Ok(TcpListener::from(fd)),
+        Ok(false) => Err("not a listening stream socket".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn pair_of(
+    port: u16,
+    carried: &CarriedConnection,
+    inherited: &mut Inherited,
+) -> Result<Pair, String> {
+    let mut socket = |fd: i32| {
+        let stream = TcpStream::from(inherited.take(fd).ok_or("a socket was not carried")?);
+        stream
+            .local_addr()
+            .and_then(|_| stream.set_nonblocking(true))
+            .map_err(|e| format!("not a socket: {e}"))?;
+        Ok::<_, String>(stream)
+    };
+    let client = socket(carried.client_fd)?;
+    let upstream = socket(carried.upstream_fd)?;
+    let default = CarriedFlow::default();
+    let to_upstream = flow_of(carried.to_upstream.as_ref().unwrap_or(&default), inherited)?;
+    let to_client = flow_of(carried.to_client.as_ref().unwrap_or(&default), inherited)?;
+    Ok(Pair {
+        port,
+        client,
+        upstream,
+        connected: carried.connected,
+        flows: [to_upstream, to_client],
+    })
+}
+
+fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, String> {
+    if carried.pending.len() > SCRATCH {
+        return Err(format!(
+            "{} pending bytes, more than one read",
+            carried.pending.len()
+        ));
+    }
+    let pipe = match (carried.pipe_read_fd, carried.pipe_write_fd) {
+        (None, None) => None,
+        (Some(read), Some(write)) => {
+            let read = inherited.take(read).ok_or("a pipe was not carried")?;
+            let write = inherited.take(write).ok_or("a pipe was not carried")?;
+            Some((read, write))
+        }
+        _ => return Err("a pipe with one end".into()),
+    };
+    let in_pipe = match &pipe {
+        Some((read, _)) => pipe_len(read.as_fd()).map_err(|e| format!("not a pipe: {e}"))?,
+        None => 0,
+    };
+    if u64::try_from(in_pipe).ok() != Some(carried.in_pipe) {
+        // What the pipe holds is what is sent on: nothing is lost if the count was wrong.
+        log::line(format_args!(
+            "upgrade: forward: a pipe holds {in_pipe} bytes, {} written down",
+            carried.in_pipe
+        ));
+    }
+    Ok(Flow {
+        pending: carried.pending.clone(),
+        pipe,
+        in_pipe,
+        eof: carried.eof,
+        shut: carried.shut,
+    })
+}
