@@ -318,3 +318,253 @@ fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, Str
         shut: carried.shut,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::IntoRawFd;
+    use std::time::Duration;
+
+    fn forward(port: u16, upstream: &str) -> CarriedForward {
+        CarriedForward {
+            port: u32::from(port),
+            listener_fd: None,
+            upstream: upstream.into(),
+            connections: Vec::new(),
+        }
+    }
+
+    /// A connected pair of sockets: (ours, the peer's).
+    fn sockets() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        (ours, peer)
+    }
+
+    /// Hands `fds` over as a previous image would: numbers only, claimed by an `Inherited`.
+    fn inherited(fds: Vec<OwnedFd>) -> (Vec<i32>, Inherited) {
+        let numbers: Vec<i32> = fds.into_iter().map(IntoRawFd::into_raw_fd).collect();
+        let claimed = Inherited::claim(&numbers);
+        (numbers, claimed)
+    }
+
+    #[test]
+    fn an_upstream_must_be_the_loopback_at_the_forwards_own_port() {
+        assert_eq!(
+            upstream_of(&forward(8000, "127.0.0.1:8000")),
+            Ok("127.0.0.1:8000".parse().unwrap())
+        );
+        assert_eq!(
+            upstream_of(&forward(8000, "[::1]:8000")),
+            Ok("[::1]:8000".parse().unwrap())
+        );
+        for (port, upstream) in [
+            (8000, "10.0.0.1:8000"),
+            (8000, "127.0.0.2:8000"),
+            (8000, "127.0.0.1:8001"),
+            (65_536 + 8000, "127.0.0.1:8000"),
+            (8000, "localhost:8000"),
+            (8000, ""),
+        ] {
+            let mut carried = forward(0, upstream);
+            carried.port = port;
+            assert!(upstream_of(&carried).is_err(), "{upstream} for {port}");
+        }
+    }
+
+    #[test]
+    fn what_is_missing_or_of_the_wrong_kind_is_counted_failed_and_the_rest_taken_back() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (client, _client_peer) = sockets();
+        let (upstream, _upstream_peer) = sockets();
+        let (read, write) = splice_pipe(1 << 16).unwrap();
+        File::from(write.try_clone().unwrap())
+            .write_all(b"in the pipe")
+            .unwrap();
+        let (not_listening, _peer) = sockets();
+        let (n, mut inherited) = inherited(vec![
+            OwnedFd::from(listener),
+            OwnedFd::from(client),
+            OwnedFd::from(upstream),
+            read,
+            write,
+            OwnedFd::from(not_listening),
+        ]);
+        let upstream = format!("127.0.0.1:{port}");
+        let good = CarriedConnection {
+            client_fd: n[1],
+            upstream_fd: n[2],
+            connected: true,
+            to_upstream: Some(CarriedFlow {
+                pipe_read_fd: Some(n[3]),
+                pipe_write_fd: Some(n[4]),
+                // Wrong: the pipe's own count is used.
+                in_pipe: 3,
+                pending: b"then these".to_vec(),
+                eof: true,
+                shut: false,
+            }),
+            to_client: None,
+        };
+        // Its numbers again: each descriptor is taken back once, the second use fails.
+        let again = CarriedConnection {
+            to_client: Some(CarriedFlow {
+                pipe_read_fd: Some(n[3]),
+                ..CarriedFlow::default()
+            }),
+            ..good.clone()
+        };
+        let forwards = vec![
+            CarriedForward {
+                listener_fd: Some(n[0]),
+                connections: vec![good, again],
+                ..forward(port, &upstream)
+            },
+            // Not a listener; then a number never carried.
+            CarriedForward {
+                listener_fd: Some(n[5]),
+                ..forward(port, &upstream)
+            },
+            CarriedForward {
+                listener_fd: Some(1 << 20),
+                ..forward(port, &upstream)
+            },
+            // Elsewhere than the loopback: nothing of it is taken.
+            CarriedForward {
+                connections: vec![CarriedConnection::default()],
+                ..forward(port, "10.0.0.1:1")
+            },
+        ];
+        let (restored, adopted) = Restored::from_handover(&forwards, &mut inherited);
+        assert_eq!(
+            adopted,
+            Adopted {
+                listeners: 1,
+                listeners_failed: 2,
+                connections: 1,
+                connections_failed: 2,
+            }
+        );
+        assert_eq!(restored.listeners.len(), 1);
+        assert_eq!(restored.listeners[0].1, upstream.parse().unwrap());
+        let pair = &restored.pairs[0];
+        assert_eq!((pair.port, pair.connected), (port, true));
+        let [to_upstream, to_client] = &pair.flows;
+        assert_eq!(to_upstream.in_pipe, 11);
+        assert_eq!(to_upstream.pending, b"then these");
+        assert!(to_upstream.eof && !to_upstream.shut);
+        assert!(to_client.pipe.is_none() && to_client.pending.is_empty());
+        inherited.close_rest();
+    }
+
+    #[test]
+    fn a_connection_exported_and_taken_back_delivers_what_it_held_in_order() {
+        // The old relay: a connection whose direction to the upstream holds bytes in memory.
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = front.local_addr().unwrap();
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = server.local_addr().unwrap();
+        let mut old = Relay::new(8).unwrap();
+        old.open(front, target);
+        let (client, mut client_peer) = sockets();
+        let upstream = TcpStream::connect(target).unwrap();
+        let (mut inside, _) = server.accept().unwrap();
+        client.set_nonblocking(true).unwrap();
+        upstream.set_nonblocking(true).unwrap();
+        let mut held = Flow {
+            pending: b"held in memory".to_vec(),
+            ..Flow::default()
+        };
+        pending_into_pipe(&mut held);
+        assert_eq!((held.in_pipe, held.pending.len()), (14, 0));
+        held.pending = b", then more".to_vec();
+        old.pairs.push(Some(Pair {
+            port: target.port(),
+            client,
+            upstream,
+            connected: true,
+            flows: [held, Flow::default()],
+        }));
+        let mut carry = Carry::new();
+        let forwards = old.export(&mut carry);
+        assert_eq!(forwards.len(), 1);
+        assert_eq!(forwards[0].port, u32::from(target.port()));
+        assert_eq!(forwards[0].upstream, target.to_string());
+        let flow = forwards[0].connections[0].to_upstream.as_ref().unwrap();
+        assert_eq!((flow.in_pipe, &flow.pending[..]), (14, &b", then more"[..]));
+        // The next image: the numbers written down, the duplicates left to it.
+        let numbers = carry.numbers();
+        std::mem::forget(carry);
+        drop(old);
+        let mut inherited = Inherited::claim(&numbers);
+        let (restored, adopted) = Restored::from_handover(&forwards, &mut inherited);
+        assert_eq!((adopted.listeners, adopted.connections), (1, 1));
+        let mut new = Relay::new(8).unwrap();
+        let served = new.take_over(restored, address.ip());
+        assert_eq!(served, vec![(target.port(), target)]);
+        inside
+            .set_read_timeout(Some(Duration::from_millis(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        for _ in 0..500 {
+            new.turn(Some(Duration::from_millis(10)));
+            let mut buf = [0u8; 64];
+            if let Ok(n) = inside.read(&mut buf) {
+                got.extend_from_slice(&buf[..n]);
+            }
+            if got.len() >= 25 {
+                break;
+            }
+        }
+        assert_eq!(got, b"held in memory, then more");
+        // And the other way, through the new relay.
+        inside.write_all(b"back").unwrap();
+        client_peer
+            .set_read_timeout(Some(Duration::from_millis(10)))
+            .unwrap();
+        let mut back = [0u8; 4];
+        for _ in 0..500 {
+            new.turn(Some(Duration::from_millis(10)));
+            if client_peer.read_exact(&mut back).is_ok() {
+                break;
+            }
+        }
+        assert_eq!(&back, b"back");
+        // A listener elsewhere than the forward address is not served.
+        let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
+        let restored = Restored {
+            listeners: vec![(elsewhere, target)],
+            pairs: Vec::new(),
+        };
+        let mut other = Relay::new(8).unwrap();
+        assert!(other
+            .take_over(restored, "127.0.0.2".parse().unwrap())
+            .is_empty());
+    }
+
+    #[test]
+    fn a_pipe_with_one_end_or_too_many_pending_bytes_is_refused() {
+        let (read, _write) = splice_pipe(1 << 16).unwrap();
+        let (n, mut inherited) = inherited(vec![read]);
+        let one_end = CarriedFlow {
+            pipe_read_fd: Some(n[0]),
+            ..CarriedFlow::default()
+        };
+        assert_eq!(
+            flow_of(&one_end, &mut inherited).err().as_deref(),
+            Some("a pipe with one end")
+        );
+        let too_many = CarriedFlow {
+            pending: vec![0; SCRATCH + 1],
+            ..CarriedFlow::default()
+        };
+        assert_eq!(
+            flow_of(&too_many, &mut inherited).err().as_deref(),
+            Some("131073 pending bytes, more than one read")
+        );
+        inherited.close_rest();
+    }
+}
