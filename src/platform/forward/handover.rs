@@ -48,30 +48,25 @@ pub struct CarriedConnection {
     /// The connection to the upstream was made (not still under way).
     #[prost(bool, tag = "3")]
     pub connected: bool,
-    #[prost(message, optional, tag = "4")]
-    pub to_upstream: Option<CarriedFlow>,
-    #[prost(message, optional, tag = "5")]
-    pub to_client: Option<CarriedFlow>,
+    /// Client to upstream, then upstream to client.
+    #[prost(message, repeated, tag = "4")]
+    pub flows: Vec<CarriedFlow>,
 }
 
 /// One direction of a connection: the bytes read and not yet written, and how it ended.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct CarriedFlow {
-    /// Its pipe's ends (both or neither).
-    #[prost(int32, optional, tag = "1")]
-    pub pipe_read_fd: Option<i32>,
-    #[prost(int32, optional, tag = "2")]
-    pub pipe_write_fd: Option<i32>,
-    /// The bytes in the pipe (checked against the pipe itself when taken back).
-    #[prost(uint64, tag = "3")]
-    pub in_pipe: u64,
+    /// Its pipe's read and write ends, or nothing. The bytes in it are the pipe's own count,
+    /// read back from the kernel (`FIONREAD`): nothing written down can disagree with it.
+    #[prost(int32, repeated, tag = "1")]
+    pub pipe: Vec<i32>,
     /// Bytes not in a pipe (only when no pipe could be made for them), at most 128 KiB.
-    #[prost(bytes = "vec", tag = "4")]
+    #[prost(bytes = "vec", tag = "2")]
     pub pending: Vec<u8>,
     /// The source ended; the end was passed on.
-    #[prost(bool, tag = "5")]
+    #[prost(bool, tag = "3")]
     pub eof: bool,
-    #[prost(bool, tag = "6")]
+    #[prost(bool, tag = "4")]
     pub shut: bool,
 }
 

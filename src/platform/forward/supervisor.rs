@@ -89,11 +89,10 @@ impl Supervisor {
         self.lock().paused = paused;
     }
 
-    /// Starts from the forwards a previous image handed over (sorted, one per port), which the
-    /// next scan reconciles with what listens now.
+    /// Starts from the forwards a previous image handed over (one per port), which the next
+    /// scan reconciles with what listens now.
     pub fn adopt(&self, mut forwards: Forwards) {
-        forwards.sort_unstable_by_key(|(port, _)| *port);
-        forwards.dedup_by_key(|(port, _)| *port);
+        by_port(&mut forwards);
         self.lock().forwarded = forwards;
     }
 
@@ -238,7 +237,7 @@ impl Supervisor {
             }
         }
         state.forwarded.extend(opened);
-        state.forwarded.sort_unstable_by_key(|(port, _)| *port);
+        by_port(&mut state.forwarded);
         for port in plan.over_cap.iter().filter(|p| !state.over_cap.contains(p)) {
             log::line(format_args!(
                 "not forwarding localhost:{port}: {} ports are forwarded, the cap",
@@ -254,6 +253,11 @@ impl Supervisor {
             let _ = self.wake.signal();
         }
     }
+}
+
+/// Sorts forwards by port, as `scan::has` searches them.
+fn by_port(forwards: &mut Forwards) {
+    forwards.sort_unstable_by_key(|(port, _)| *port);
 }
 
 /// A forward listener: std's bind (with `SO_REUSEADDR`), then a backlog like a server's own

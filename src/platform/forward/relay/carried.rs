@@ -38,12 +38,7 @@ impl Relay {
                 port: u32::from(port.port),
                 listener_fd: carry
                     .keep(port.listener.as_fd())
-                    .map_err(|e| {
-                        log::line(format_args!(
-                            "upgrade: forward :{}: cannot carry its listener: {e}",
-                            port.port
-                        ));
-                    })
+                    .map_err(|e| said(port.port, "cannot carry its listener", &e))
                     .ok(),
                 upstream: port.upstream.to_string(),
                 connections: Vec::new(),
@@ -56,10 +51,7 @@ impl Relay {
             pair.flows.iter_mut().for_each(pending_into_pipe);
             match carry_pair(pair, carry) {
                 Ok(connection) => forward.connections.push(connection),
-                Err(e) => log::line(format_args!(
-                    "upgrade: forward :{}: cannot carry a connection: {e}",
-                    pair.port
-                )),
+                Err(e) => said(pair.port, "cannot carry a connection", &e),
             }
         }
         forwards
@@ -74,10 +66,11 @@ impl Relay {
             if listener.local_addr().map(|a| a.ip()).ok() != Some(address)
                 || forwards.iter().any(|(p, _)| *p == port)
             {
-                log::line(format_args!(
-                    "upgrade: forward :{port}: the carried listener is not one of {address}'s \
-                     ports: closed"
-                ));
+                said(
+                    port,
+                    "the carried listener is not one of the forward address's",
+                    &"closed",
+                );
                 continue;
             }
             self.open(listener, upstream);
@@ -90,9 +83,7 @@ impl Relay {
             let port = pair.port;
             let entry = self.ports.iter_mut().find(|p| p.port == port);
             if entry.as_ref().is_some_and(|e| e.open >= self.per_port) {
-                log::line(format_args!(
-                    "upgrade: forward :{port}: a carried connection is over the cap: closed"
-                ));
+                said(port, "a carried connection is over the cap", &"closed");
                 continue;
             }
             let index = self.free.pop().unwrap_or(self.pairs.len());
@@ -102,9 +93,7 @@ impl Relay {
                 .add(pair.client.as_fd(), token, EDGE_ALL)
                 .and_then(|()| self.epoll.add(pair.upstream.as_fd(), token | 1, EDGE_ALL))
             {
-                log::line(format_args!(
-                    "upgrade: forward :{port}: cannot watch a carried connection: {e}"
-                ));
+                said(port, "cannot watch a carried connection", &e);
                 self.free.push(index);
                 continue;
             }
@@ -120,6 +109,11 @@ impl Relay {
         }
         forwards
     }
+}
+
+/// Logs what became of a forward's listener or connection.
+fn said(port: u16, what: &str, why: &dyn std::fmt::Display) {
+    log::line(format_args!("upgrade: forward :{port}: {what}: {why}"));
 }
 
 /// Moves bytes a direction holds in memory into its pipe (made for them if need be), where
@@ -145,28 +139,25 @@ fn pending_into_pipe(flow: &mut Flow) {
 }
 
 fn carry_pair(pair: &Pair, carry: &mut Carry) -> io::Result<CarriedConnection> {
-    let [to_upstream, to_client] = &pair.flows;
     Ok(CarriedConnection {
         client_fd: carry.keep(pair.client.as_fd())?,
         upstream_fd: carry.keep(pair.upstream.as_fd())?,
         connected: pair.connected,
-        to_upstream: Some(carry_flow(to_upstream, carry)?),
-        to_client: Some(carry_flow(to_client, carry)?),
+        flows: pair
+            .flows
+            .iter()
+            .map(|flow| carry_flow(flow, carry))
+            .collect::<io::Result<_>>()?,
     })
 }
 
 fn carry_flow(flow: &Flow, carry: &mut Carry) -> io::Result<CarriedFlow> {
-    let (pipe_read_fd, pipe_write_fd) = match &flow.pipe {
-        Some((read, write)) => (
-            Some(carry.keep(read.as_fd())?),
-            Some(carry.keep(write.as_fd())?),
-        ),
-        None => (None, None),
+    let pipe = match &flow.pipe {
+        Some((read, write)) => vec![carry.keep(read.as_fd())?, carry.keep(write.as_fd())?],
+        None => Vec::new(),
     };
     Ok(CarriedFlow {
-        pipe_read_fd,
-        pipe_write_fd,
-        in_pipe: u64::try_from(flow.in_pipe).unwrap_or(u64::MAX),
+        pipe,
         pending: flow.pending.clone(),
         eof: flow.eof,
         shut: flow.shut,
@@ -186,29 +177,24 @@ impl Restored {
         for forward in forwards {
             let target = upstream_of(forward);
             if let Some(fd) = forward.listener_fd {
-                let listener = inherited.take(fd).ok_or_else(|| "not carried".to_string());
-                match target
-                    .clone()
-                    .and_then(|up| Ok((listening(listener?)?, up)))
-                {
+                let listener = inherited.take(fd).ok_or("not carried");
+                match target.and_then(|up| Ok((listening(listener?)?, up))) {
                     Ok(entry) => {
                         restored.listeners.push(entry);
                         adopted.listeners += 1;
                     }
                     Err(e) => {
                         log::line(format_args!(
-                            "upgrade: forward :{}: its listener is not taken back ({e}); the \
-                             next scan binds it again",
-                            forward.port
+                            "upgrade: forward :{} to '{}': its listener is not taken back ({e}); \
+                             the next scan binds it again",
+                            forward.port, forward.upstream
                         ));
                         adopted.listeners_failed += 1;
                     }
                 }
             }
             for connection in &forward.connections {
-                let pair = target
-                    .clone()
-                    .and_then(|up| pair_of(up.port(), connection, inherited));
+                let pair = target.and_then(|up| pair_of(up.port(), connection, inherited));
                 match pair {
                     Ok(pair) => {
                         restored.pairs.push(pair);
@@ -216,8 +202,8 @@ impl Restored {
                     }
                     Err(e) => {
                         log::line(format_args!(
-                            "upgrade: forward :{}: a connection is not taken back: {e}",
-                            forward.port
+                            "upgrade: forward :{} to '{}': a connection is not taken back: {e}",
+                            forward.port, forward.upstream
                         ));
                         adopted.connections_failed += 1;
                     }
@@ -230,29 +216,25 @@ impl Restored {
 
 /// The forward's upstream: the loopback, at the forward's own port (a handover naming any
 /// other address is not followed).
-fn upstream_of(forward: &CarriedForward) -> Result<SocketAddr, String> {
-    let upstream: SocketAddr = forward
-        .upstream
-        .parse()
-        .map_err(|_| format!("'{}' is not an address", forward.upstream))?;
+fn upstream_of(forward: &CarriedForward) -> Result<SocketAddr, &'static str> {
     let loopback = [
         IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(Ipv6Addr::LOCALHOST),
     ];
-    if !loopback.contains(&upstream.ip()) || u32::from(upstream.port()) != forward.port {
-        return Err(format!(
-            "'{upstream}' is not the loopback at port {}",
-            forward.port
-        ));
-    }
-    Ok(upstream)
+    forward
+        .upstream
+        .parse()
+        .ok()
+        .filter(|up: &SocketAddr| {
+            loopback.contains(&up.ip()) && u32::from(up.port()) == forward.port
+        })
+        .ok_or("the upstream is not the loopback at the forward's port")
 }
 
-fn listening(fd: OwnedFd) -> Result<TcpListener, String> {
+fn listening(fd: OwnedFd) -> Result<TcpListener, &'static str> {
     match is_listening(fd.as_fd()) {
         Ok(true) => Ok(TcpListener::from(fd)),
-        Ok(false) => Err("not a listening stream socket".into()),
-        Err(e) => Err(e.to_string()),
+        _ => Err("not a listening stream socket"),
     }
 }
 
@@ -260,20 +242,22 @@ fn pair_of(
     port: u16,
     carried: &CarriedConnection,
     inherited: &mut Inherited,
-) -> Result<Pair, String> {
+) -> Result<Pair, &'static str> {
     let mut socket = |fd: i32| {
         let stream = TcpStream::from(inherited.take(fd).ok_or("a socket was not carried")?);
         stream
             .local_addr()
             .and_then(|_| stream.set_nonblocking(true))
-            .map_err(|e| format!("not a socket: {e}"))?;
-        Ok::<_, String>(stream)
+            .map_err(|_| "not a socket")?;
+        Ok(stream)
     };
     let client = socket(carried.client_fd)?;
     let upstream = socket(carried.upstream_fd)?;
-    let default = CarriedFlow::default();
-    let to_upstream = flow_of(carried.to_upstream.as_ref().unwrap_or(&default), inherited)?;
-    let to_client = flow_of(carried.to_client.as_ref().unwrap_or(&default), inherited)?;
+    let [to_upstream, to_client] = match &carried.flows[..] {
+        [to_upstream, to_client] => [to_upstream, to_client].map(|f| flow_of(f, inherited)),
+        _ => return Err("not two directions"),
+    };
+    let (to_upstream, to_client) = (to_upstream?, to_client?);
     Ok(Pair {
         port,
         client,
@@ -283,33 +267,24 @@ fn pair_of(
     })
 }
 
-fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, String> {
+fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, &'static str> {
     if carried.pending.len() > SCRATCH {
-        return Err(format!(
-            "{} pending bytes, more than one read",
-            carried.pending.len()
-        ));
+        return Err("more pending bytes than one read");
     }
-    let pipe = match (carried.pipe_read_fd, carried.pipe_write_fd) {
-        (None, None) => None,
-        (Some(read), Some(write)) => {
+    let pipe = match carried.pipe[..] {
+        [] => None,
+        [read, write] => {
             let read = inherited.take(read).ok_or("a pipe was not carried")?;
             let write = inherited.take(write).ok_or("a pipe was not carried")?;
             Some((read, write))
         }
-        _ => return Err("a pipe with one end".into()),
+        _ => return Err("not a pipe's two ends"),
     };
+    // What the pipe holds is sent on, as the kernel counts it.
     let in_pipe = match &pipe {
-        Some((read, _)) => pipe_len(read.as_fd()).map_err(|e| format!("not a pipe: {e}"))?,
+        Some((read, _)) => pipe_len(read.as_fd()).map_err(|_| "not a pipe")?,
         None => 0,
     };
-    if u64::try_from(in_pipe).ok() != Some(carried.in_pipe) {
-        // What the pipe holds is what is sent on: nothing is lost if the count was wrong.
-        log::line(format_args!(
-            "upgrade: forward: a pipe holds {in_pipe} bytes, {} written down",
-            carried.in_pipe
-        ));
-    }
     Ok(Flow {
         pending: carried.pending.clone(),
         pipe,
@@ -398,25 +373,18 @@ mod tests {
             client_fd: n[1],
             upstream_fd: n[2],
             connected: true,
-            to_upstream: Some(CarriedFlow {
-                pipe_read_fd: Some(n[3]),
-                pipe_write_fd: Some(n[4]),
-                // Wrong: the pipe's own count is used.
-                in_pipe: 3,
-                pending: b"then these".to_vec(),
-                eof: true,
-                shut: false,
-            }),
-            to_client: None,
+            flows: vec![
+                CarriedFlow {
+                    pipe: vec![n[3], n[4]],
+                    pending: b"then these".to_vec(),
+                    eof: true,
+                    shut: false,
+                },
+                CarriedFlow::default(),
+            ],
         };
         // Its numbers again: each descriptor is taken back once, the second use fails.
-        let again = CarriedConnection {
-            to_client: Some(CarriedFlow {
-                pipe_read_fd: Some(n[3]),
-                ..CarriedFlow::default()
-            }),
-            ..good.clone()
-        };
+        let again = good.clone();
         let forwards = vec![
             CarriedForward {
                 listener_fd: Some(n[0]),
@@ -493,8 +461,11 @@ mod tests {
         assert_eq!(forwards.len(), 1);
         assert_eq!(forwards[0].port, u32::from(target.port()));
         assert_eq!(forwards[0].upstream, target.to_string());
-        let flow = forwards[0].connections[0].to_upstream.as_ref().unwrap();
-        assert_eq!((flow.in_pipe, &flow.pending[..]), (14, &b", then more"[..]));
+        let flow = &forwards[0].connections[0].flows[0];
+        assert_eq!(
+            (flow.pipe.len(), &flow.pending[..]),
+            (2, &b", then more"[..])
+        );
         // The next image: the numbers written down, the duplicates left to it.
         let numbers = carry.numbers();
         std::mem::forget(carry);
@@ -546,24 +517,36 @@ mod tests {
     }
 
     #[test]
-    fn a_pipe_with_one_end_or_too_many_pending_bytes_is_refused() {
+    fn a_pipe_with_one_end_too_many_pending_bytes_or_one_direction_are_refused() {
         let (read, _write) = splice_pipe(1 << 16).unwrap();
-        let (n, mut inherited) = inherited(vec![read]);
+        let (client, _peer) = sockets();
+        let (upstream, _other) = sockets();
+        let (n, mut inherited) = inherited(vec![read, client.into(), upstream.into()]);
         let one_end = CarriedFlow {
-            pipe_read_fd: Some(n[0]),
+            pipe: vec![n[0]],
             ..CarriedFlow::default()
         };
         assert_eq!(
-            flow_of(&one_end, &mut inherited).err().as_deref(),
-            Some("a pipe with one end")
+            flow_of(&one_end, &mut inherited).err(),
+            Some("not a pipe's two ends")
         );
         let too_many = CarriedFlow {
             pending: vec![0; SCRATCH + 1],
             ..CarriedFlow::default()
         };
         assert_eq!(
-            flow_of(&too_many, &mut inherited).err().as_deref(),
-            Some("131073 pending bytes, more than one read")
+            flow_of(&too_many, &mut inherited).err(),
+            Some("more pending bytes than one read")
+        );
+        let one_way = CarriedConnection {
+            client_fd: n[1],
+            upstream_fd: n[2],
+            connected: true,
+            flows: vec![CarriedFlow::default()],
+        };
+        assert_eq!(
+            pair_of(1, &one_way, &mut inherited).err(),
+            Some("not two directions")
         );
         inherited.close_rest();
     }
