@@ -1,10 +1,12 @@
 //! Port forwarding across a live upgrade (SPEC §9c "Forwards" and §12): the forward listeners
 //! cross the `execve` (no connection refused while the new image starts), and so do the
-//! relayed connections with the bytes in flight. Each test's daemon forwards on an address of
-//! its own (127.0.0.61 and up), as tests/forward.rs explains.
+//! relayed connections with the bytes in flight, and a failed `execve` leaves the forwarder
+//! going on where it stopped. Each test's daemon forwards on an address of its own (127.0.0.61
+//! and up), as tests/forward.rs explains.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -337,4 +339,73 @@ fn ten_upgrades_leave_descriptors_and_threads_as_they_were() {
     assert_eq!(descriptors(pid, address), fds, "descriptors");
     assert_eq!(entries(format!("/proc/{pid}/task")), tasks, "threads");
     assert_eq!(count(&daemon, "not taken back"), 0);
+}
+
+#[test]
+fn a_failed_execve_leaves_the_forwards_serving_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = IpAddr::from([127, 0, 0, 64]);
+    let target = dir.path().join("envd.next");
+    let daemon = builder()
+        .args(&["--forward-address", &ip.to_string()])
+        .args(&["--upgrade-path", target.to_str().unwrap()])
+        .args(&["--drain-timeout", "30"])
+        .start();
+    daemon.log_with(|l| l.contains(&format!("forwarding localhost ports on {ip}")));
+    let reply = daemon.call("POST", "/init", json!({}).to_string().as_bytes());
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = server.local_addr().unwrap();
+    let front = forwarded(&daemon, ip, upstream);
+    let mut client = connect(front);
+    let (mut inside, _) = server.accept().unwrap();
+    inside
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    client.write_all(b"one").unwrap();
+    assert_eq!(read_exactly(&mut inside, 3), b"one");
+
+    // A connection that sends nothing holds the drain, so that the binary can be made
+    // unrunnable between its check and the execve.
+    let holder = TcpStream::connect(daemon.addr).unwrap();
+    let binary = std::fs::read(env!("CARGO_BIN_EXE_sandboxd")).unwrap();
+    let addr = daemon.addr;
+    let upgrade = thread::spawn(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "POST /upgrade HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Access-Token: {TOKEN}\r\n\
+             Content-Length: {}\r\n\r\n",
+            binary.len()
+        )
+        .unwrap();
+        stream.write_all(&binary).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    });
+    daemon.log_with(|l| l.contains("upgrade: draining before executing"));
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Bytes sent while the forwarder is parked wait in the kernel.
+    client.write_all(b"two").unwrap();
+    drop(holder);
+    let answer = upgrade.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+    assert!(
+        answer.contains("upgrade failed: cannot execute"),
+        "{answer}"
+    );
+    daemon.log_with(|l| l.contains("upgrade failed, serving on"));
+
+    // The forwarder goes on where it stopped: the open connection both ways, new ones, scans.
+    assert_eq!(read_exactly(&mut inside, 3), b"two");
+    inside.write_all(b"back").unwrap();
+    assert_eq!(read_exactly(&mut client, 4), b"back");
+    let second = connect(front);
+    let (mut second_inside, _) = server.accept().unwrap();
+    (&second).write_all(b"new").unwrap();
+    assert_eq!(read_exactly(&mut second_inside, 3), b"new");
+    let late = TcpListener::bind("127.0.0.1:0").unwrap();
+    forwarded(&daemon, ip, late.local_addr().unwrap());
+    assert_eq!(count(&daemon, "took over"), 0);
 }
