@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 
-use super::{pair_token, Flow, Pair, Relay, EDGE_ALL, LISTENER, PIPE_BYTES, SCRATCH};
+use super::{place, Flow, Pair, Relay, LISTENER, PIPE_BYTES, SCRATCH};
 use crate::log;
 use crate::platform::forward::handover::{Adopted, CarriedConnection, CarriedFlow, CarriedForward};
 use crate::platform::forward::scan::Forwards;
@@ -86,26 +86,16 @@ impl Relay {
                 said(port, "a carried connection is over the cap", &"closed");
                 continue;
             }
-            let index = self.free.pop().unwrap_or(self.pairs.len());
-            let token = pair_token(index);
-            if let Err(e) = self
-                .epoll
-                .add(pair.client.as_fd(), token, EDGE_ALL)
-                .and_then(|()| self.epoll.add(pair.upstream.as_fd(), token | 1, EDGE_ALL))
-            {
-                said(port, "cannot watch a carried connection", &e);
-                self.free.push(index);
-                continue;
+            match place(&self.epoll, &mut self.pairs, &mut self.free, pair) {
+                Ok(token) => {
+                    if let Some(entry) = entry {
+                        entry.open += 1;
+                    }
+                    // Moved at the first turn, whatever happened while nobody watched.
+                    self.again.push(token);
+                }
+                Err(e) => said(port, "cannot watch a carried connection", &e),
             }
-            if let Some(entry) = entry {
-                entry.open += 1;
-            }
-            match self.pairs.get_mut(index) {
-                Some(slot) => *slot = Some(pair),
-                None => self.pairs.push(Some(pair)),
-            }
-            // Moved at the first turn, whatever happened while nobody watched.
-            self.again.push(token);
         }
         forwards
     }
