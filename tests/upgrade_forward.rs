@@ -48,6 +48,17 @@ fn connect(to: SocketAddr) -> TcpStream {
     stream
 }
 
+/// A connection through `front` and the server's end of it (`server` is its upstream), both
+/// giving up after a minute.
+fn joined(front: SocketAddr, server: &TcpListener) -> (TcpStream, TcpStream) {
+    let client = connect(front);
+    let (inside, _) = server.accept().unwrap();
+    inside
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    (client, inside)
+}
+
 fn count(daemon: &Daemon, text: &str) -> usize {
     daemon.log().iter().filter(|l| l.contains(text)).count()
 }
@@ -207,11 +218,7 @@ fn a_connection_open_across_the_upgrade_keeps_its_bytes_both_ways() {
     let (daemon, ip) = daemon(62, dir.path());
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
-    let mut client = connect(front);
-    let (mut inside, _) = server.accept().unwrap();
-    inside
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
+    let (mut client, mut inside) = joined(front, &server);
     client.write_all(b"before").unwrap();
     assert_eq!(read_exactly(&mut inside, 6), b"before");
     inside.write_all(b"reply").unwrap();
@@ -313,8 +320,7 @@ fn ten_upgrades_leave_descriptors_and_threads_as_they_were() {
     assert_eq!(ip, IpAddr::from([127, 0, 0, 63]));
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let front = forwarded(&daemon, ip, server.local_addr().unwrap());
-    let mut client = connect(front);
-    let (mut inside, _) = server.accept().unwrap();
+    let (mut client, mut inside) = joined(front, &server);
     client.write_all(b"0").unwrap();
     assert_eq!(read_exactly(&mut inside, 1), b"0");
     let pid = daemon.pid();
@@ -357,11 +363,7 @@ fn a_failed_execve_leaves_the_forwards_serving_as_before() {
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = server.local_addr().unwrap();
     let front = forwarded(&daemon, ip, upstream);
-    let mut client = connect(front);
-    let (mut inside, _) = server.accept().unwrap();
-    inside
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
+    let (mut client, mut inside) = joined(front, &server);
     client.write_all(b"one").unwrap();
     assert_eq!(read_exactly(&mut inside, 3), b"one");
 
@@ -401,9 +403,8 @@ fn a_failed_execve_leaves_the_forwards_serving_as_before() {
     assert_eq!(read_exactly(&mut inside, 3), b"two");
     inside.write_all(b"back").unwrap();
     assert_eq!(read_exactly(&mut client, 4), b"back");
-    let second = connect(front);
-    let (mut second_inside, _) = server.accept().unwrap();
-    (&second).write_all(b"new").unwrap();
+    let (mut second, mut second_inside) = joined(front, &server);
+    second.write_all(b"new").unwrap();
     assert_eq!(read_exactly(&mut second_inside, 3), b"new");
     let late = TcpListener::bind("127.0.0.1:0").unwrap();
     forwarded(&daemon, ip, late.local_addr().unwrap());
