@@ -359,6 +359,13 @@ pub fn platform_inputs(data: &[u8]) {
                 let again = crate::upgrade::state::Handover::decode(&*handover.encode_to_vec());
                 assert_eq!(again.as_ref(), Ok(&handover));
                 let _ = handover.app_state();
+                // The forwards' checks, with no descriptor carried: every one fails, none panics.
+                let mut none = crate::upgrade::carry::Inherited::default();
+                let (_, adopted) = crate::platform::forward::relay::Restored::from_handover(
+                    &handover.forwards,
+                    &mut none,
+                );
+                assert_eq!(adopted.listeners + adopted.connections, 0);
             }
         }
         1 => {

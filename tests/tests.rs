@@ -30,6 +30,8 @@ mod log_export;
 // POST /upgrade: a new binary takes over in the same process, the listener and state handed over.
 mod upgrade;
 mod upgrade_process;
+// The port forwarder across a live upgrade: listeners and open connections carried over.
+mod upgrade_forward;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

@@ -124,6 +124,39 @@ pub fn set_backlog(listener: &std::net::TcpListener, backlog: i32) -> io::Result
     check(unsafe { libc::listen(listener.as_raw_fd(), backlog) }).map(drop)
 }
 
+/// Whether `fd` is a stream socket in `LISTEN` (an error: it is no socket at all). The port
+/// forwarder checks a listener a previous image handed over (`platform::forward::relay`).
+pub fn is_listening(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut values = [0 as libc::c_int; 2];
+    for (option, value) in [libc::SO_ACCEPTCONN, libc::SO_TYPE]
+        .into_iter()
+        .zip(values.iter_mut())
+    {
+        let mut len = libc::socklen_t::try_from(mem::size_of::<libc::c_int>()).unwrap_or(4);
+        // SAFETY: `value` and `len` are valid for writes of a c_int and its size; the
+        // descriptor is borrowed for the call.
+        check(unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        })?;
+    }
+    Ok(values[0] != 0 && values[1] == libc::SOCK_STREAM)
+}
+
+/// The bytes waiting in a pipe (`FIONREAD` on its read end).
+pub fn pipe_len(read_end: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut len: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to the pointer, which is valid for it; the descriptor is
+    // borrowed for the call.
+    check(unsafe { libc::ioctl(read_end.as_raw_fd(), libc::FIONREAD, &mut len) })?;
+    usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
 /// A `NETLINK_SOCK_DIAG` socket: requests go to the kernel, answers come back as datagrams.
 pub struct DiagSocket {
     fd: OwnedFd,
@@ -180,6 +213,20 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::TcpListener;
+
+    #[test]
+    fn a_listener_is_listening_and_a_pipe_says_what_it_holds() {
+        use std::os::fd::AsFd;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(is_listening(listener.as_fd()).unwrap());
+        let stream = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert!(!is_listening(stream.as_fd()).unwrap());
+        let (read, write) = splice_pipe(1 << 16).unwrap();
+        assert!(is_listening(read.as_fd()).is_err(), "a pipe is no socket");
+        assert_eq!(pipe_len(read.as_fd()).unwrap(), 0);
+        std::fs::File::from(write).write_all(b"seven b").unwrap();
+        assert_eq!(pipe_len(read.as_fd()).unwrap(), 7);
+    }
 
     #[test]
     fn a_connection_started_without_waiting_reaches_a_loopback_listener() {

@@ -10,6 +10,7 @@ use super::carry::{Carry, Inherited};
 use super::state::Handover;
 use super::Outcome;
 use crate::app::App;
+use crate::platform::forward::handover as forward;
 use crate::proc;
 
 /// Why an upgrade cannot happen now: state a part would lose.
@@ -26,6 +27,7 @@ pub fn refusal() -> Option<String> {
 /// Every part stops changing what it hands over.
 pub fn prepare() {
     proc::handover::prepare();
+    forward::prepare();
 }
 
 /// Every part's state into `handover`, its descriptors into `carry`.
@@ -33,6 +35,7 @@ pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(
     let (processes, exits) = proc::handover::export(carry)?;
     handover.processes = processes;
     handover.exits = exits;
+    handover.forwards = forward::export(carry);
     handover.freeze = app.cgroups.carried_freeze();
     // Last: the lines logged up to here go to the next image's exporter.
     handover.log_lines = crate::log::export::take_queued();
@@ -42,6 +45,7 @@ pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(
 /// The `execve` failed: every part serves on.
 pub fn resume() {
     proc::handover::resume();
+    forward::resume();
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
@@ -56,5 +60,7 @@ pub fn adopt(app: &App, handover: &Handover, inherited: &mut Inherited) -> Outco
     outcome.procs_failed = processes.procs_failed;
     outcome.retained = processes.retained;
     outcome.retained_failed = processes.retained_failed;
+    // envd's header has no field for forwards: their adoption is logged.
+    forward::adopt(&handover.forwards, inherited);
     outcome
 }

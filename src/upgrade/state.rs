@@ -56,6 +56,9 @@ pub struct Handover {
     /// Exits remembered for a late `Connect`.
     #[prost(message, repeated, tag = "15")]
     pub exits: Vec<crate::proc::handover::CarriedExit>,
+    /// The port forwarder's listeners and relayed connections (`platform::forward::handover`).
+    #[prost(message, repeated, tag = "17")]
+    pub forwards: Vec<crate::platform::forward::handover::CarriedForward>,
     /// A freeze in effect (`platform::cgroups`).
     #[prost(message, optional, tag = "18")]
     pub freeze: Option<crate::platform::cgroups::CarriedFreeze>,

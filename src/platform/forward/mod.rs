@@ -6,9 +6,13 @@
 //! - [`relay`]: the forwarder's thread: its listeners and every forwarded connection, in one
 //!   epoll, bytes both ways without a thread or an HTTP worker per connection.
 //!
-//! One forwarder per daemon, started by [`start`] once the daemon listens; the HTTP layer's
-//! timekeeper calls [`tick`] and the process service [`nudge`].
+//! - [`handover`]: the forwards across a live upgrade (listeners and open connections).
+//!
+//! One forwarder per daemon, started by [`start`] once the daemon listens (with what a
+//! previous image handed over, if any); the HTTP layer's timekeeper calls [`tick`] and the
+//! process service [`nudge`].
 
+pub mod handover;
 pub mod relay;
 pub mod scan;
 pub mod supervisor;
@@ -29,12 +33,15 @@ pub fn start(settings: Settings) {
     let started = Supervisor::new(settings).and_then(|supervisor| {
         let mut relay = relay::Relay::new(settings.max_connections)?;
         relay.watch_wake(supervisor.wake.as_fd())?;
+        if let Some(adopted) = handover::take_adopted() {
+            supervisor.adopt(relay.take_over(adopted, settings.address));
+        }
         let supervisor = Arc::new(supervisor);
         let own = Arc::clone(&supervisor);
         std::thread::Builder::new()
             .name("forward".into())
             .stack_size(128 << 10)
-            .spawn(move || run(&own, &mut relay))?;
+            .spawn(move || run(&own, relay))?;
         Ok(supervisor)
     });
     match started {
@@ -47,7 +54,7 @@ pub fn start(settings: Settings) {
     }
 }
 
-fn run(supervisor: &Supervisor, relay: &mut relay::Relay) {
+fn run(supervisor: &Supervisor, mut relay: relay::Relay) {
     let mut timeout = None;
     loop {
         if relay.turn(timeout) {
@@ -61,26 +68,39 @@ fn run(supervisor: &Supervisor, relay: &mut relay::Relay) {
         for command in supervisor.take_commands() {
             relay.apply(command);
         }
+        // A live upgrade parks the relay here, every connection's state whole. The supervisor
+        // stopped scanning before the relay was asked: what it queued is applied first.
+        if handover::asked() {
+            for command in supervisor.take_commands() {
+                relay.apply(command);
+            }
+            relay = handover::park(relay);
+        }
     }
+}
+
+/// The forwarder, once started.
+fn running() -> Option<&'static Supervisor> {
+    RUNNING.get().map(|supervisor| &**supervisor)
 }
 
 /// The timekeeper's tick: the idle-time scan.
 pub fn tick() {
-    if let Some(supervisor) = RUNNING.get() {
+    if let Some(supervisor) = running() {
         supervisor.tick();
     }
 }
 
 /// A process was started through the API: it may be about to listen.
 pub fn nudge() {
-    if let Some(supervisor) = RUNNING.get() {
+    if let Some(supervisor) = running() {
         supervisor.nudge();
     }
 }
 
 /// A started process wrote output (a server announcing itself): it may be about to listen.
 pub fn activity() {
-    if let Some(supervisor) = RUNNING.get() {
+    if let Some(supervisor) = running() {
         supervisor.activity();
     }
 }

@@ -15,6 +15,13 @@
 //! behind the others). An end of stream on one side is passed on as a half-close of the other
 //! (`shutdown(SHUT_WR)`, after what was pending); when both directions have ended, or either
 //! side fails, both sockets are closed together.
+//!
+//! Across a live upgrade ([`carried`]) the relay is parked between two turns and its
+//! listeners, connections and pipes cross the `execve` as descriptors.
+
+mod carried;
+
+pub use carried::Restored;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -251,32 +258,20 @@ impl Relay {
                 }
             };
             entry.unreachable_said = false;
-            let index = self.free.pop().unwrap_or(self.pairs.len());
-            let registered = self
-                .epoll
-                .add(client.as_fd(), pair_token(index), EDGE_ALL)
-                .and_then(|()| {
-                    self.epoll
-                        .add(stream.as_fd(), pair_token(index) | 1, EDGE_ALL)
-                });
-            if let Err(e) = registered {
+            let pair = Pair {
+                port,
+                client,
+                upstream: stream,
+                connected,
+                flows: Default::default(),
+            };
+            if let Err(e) = place(&self.epoll, &mut self.pairs, &mut self.free, pair) {
                 log::line(format_args!(
                     "forward :{port}: cannot watch a connection: {e}"
                 ));
                 continue;
             }
             entry.open += 1;
-            let pair = Pair {
-                port,
-                client,
-                upstream: stream,
-                connected,
-                flows: [Flow::default(), Flow::default()],
-            };
-            match self.pairs.get_mut(index) {
-                Some(slot) => *slot = Some(pair),
-                None => self.pairs.push(Some(pair)),
-            }
         }
         self.again.push(LISTENER | u64::from(port));
     }
@@ -312,6 +307,31 @@ impl Relay {
     fn open_pairs(&self) -> usize {
         self.pairs.iter().flatten().count()
     }
+}
+
+/// Watches `pair`'s two sockets and keeps it in a free slot of `pairs`; its token.
+fn place(
+    epoll: &Epoll,
+    pairs: &mut Vec<Option<Pair>>,
+    free: &mut Vec<usize>,
+    pair: Pair,
+) -> io::Result<u64> {
+    let index = free.pop().unwrap_or(pairs.len());
+    let token = pair_token(index);
+    if let Err(e) = epoll
+        .add(pair.client.as_fd(), token, EDGE_ALL)
+        .and_then(|()| epoll.add(pair.upstream.as_fd(), token | 1, EDGE_ALL))
+    {
+        if index < pairs.len() {
+            free.push(index);
+        }
+        return Err(e);
+    }
+    match pairs.get_mut(index) {
+        Some(slot) => *slot = Some(pair),
+        None => pairs.push(Some(pair)),
+    }
+    Ok(token)
 }
 
 /// The token of the client side of the connection numbered `index`; its upstream side's is the

@@ -60,6 +60,8 @@ struct State {
     bind_failed: Vec<u16>,
     last_scan: Option<Instant>,
     fast_until: Option<Instant>,
+    /// A live upgrade is handing the forwards over: no scan changes them.
+    paused: bool,
 }
 
 impl Supervisor {
@@ -79,6 +81,19 @@ impl Supervisor {
     /// The commands waiting for the relay.
     pub fn take_commands(&self) -> Vec<Command> {
         std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Stops scanning (`true`: a live upgrade hands the forwards over; a scan under way
+    /// finishes first, its commands queued) or starts again.
+    pub fn pause(&self, paused: bool) {
+        self.lock().paused = paused;
+    }
+
+    /// Starts from the forwards a previous image handed over (one per port), which the next
+    /// scan reconciles with what listens now.
+    pub fn adopt(&self, mut forwards: Forwards) {
+        by_port(&mut forwards);
+        self.lock().forwarded = forwards;
     }
 
     /// The timekeeper's tick: a scan unless one ran less than [`TICK_MIN`] ago.
@@ -129,6 +144,9 @@ impl Supervisor {
     }
 
     fn scan(&self, state: &mut State) {
+        if state.paused {
+            return;
+        }
         state.last_scan = Some(Instant::now());
         let address = self.settings.address;
         if !state.address_ready {
@@ -219,7 +237,7 @@ impl Supervisor {
             }
         }
         state.forwarded.extend(opened);
-        state.forwarded.sort_unstable_by_key(|(port, _)| *port);
+        by_port(&mut state.forwarded);
         for port in plan.over_cap.iter().filter(|p| !state.over_cap.contains(p)) {
             log::line(format_args!(
                 "not forwarding localhost:{port}: {} ports are forwarded, the cap",
@@ -235,6 +253,11 @@ impl Supervisor {
             let _ = self.wake.signal();
         }
     }
+}
+
+/// Sorts forwards by port, as `scan::has` searches them.
+fn by_port(forwards: &mut Forwards) {
+    forwards.sort_unstable_by_key(|(port, _)| *port);
 }
 
 /// A forward listener: std's bind (with `SO_REUSEADDR`), then a backlog like a server's own
