@@ -29,6 +29,8 @@ mod volumes;
 mod log_export;
 // POST /upgrade: a new binary takes over in the same process, the listener and state handed over.
 mod upgrade;
+// Directory watches across POST /upgrade: watchers carried with their inotify instance.
+mod upgrade_watch;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

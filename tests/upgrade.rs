@@ -293,7 +293,7 @@ fn live_processes_refuse_the_upgrade_until_they_end() {
     assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
     assert!(
         answer.contains(
-            "cannot upgrade now: 1 processes and 0 watchers are live, and a live upgrade does not carry processes or watchers over yet"
+            "cannot upgrade now: 1 processes are live, and a live upgrade does not carry processes over yet"
         ),
         "{answer}"
     );

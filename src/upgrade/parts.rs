@@ -8,16 +8,17 @@
 use super::carry::{Carry, Inherited};
 use super::state::Handover;
 use super::Outcome;
+use crate::api::filesystem::watch_carry;
 use crate::proc;
 
-/// Why an upgrade cannot happen now: state a part would lose.
+/// Why an upgrade cannot happen now: state a part would lose. (Watchers are carried;
+/// `WatchDir` streams end at `prepare`.)
 pub fn refusal() -> Option<String> {
     let processes = proc::Hub::running().map_or(0, |hub| hub.list().len());
-    let watchers = crate::api::filesystem::live_watchers();
-    (processes > 0 || watchers > 0).then(|| {
+    (processes > 0).then(|| {
         format!(
-            "cannot upgrade now: {processes} processes and {watchers} watchers are live, and a \
-             live upgrade does not carry processes or watchers over yet"
+            "cannot upgrade now: {processes} processes are live, and a live upgrade does not \
+             carry processes over yet"
         )
     })
 }
@@ -25,6 +26,7 @@ pub fn refusal() -> Option<String> {
 /// Every part stops changing what it hands over.
 pub fn prepare() {
     proc::handover::prepare();
+    watch_carry::prepare();
 }
 
 /// Every part's state into `handover`, its descriptors into `carry`.
@@ -32,12 +34,14 @@ pub fn export(handover: &mut Handover, carry: &mut Carry) -> Result<(), String> 
     let (processes, exits) = proc::handover::export(carry)?;
     handover.processes = processes;
     handover.exits = exits;
+    handover.watchers = watch_carry::export(carry)?;
     Ok(())
 }
 
 /// The `execve` failed: every part serves on.
 pub fn resume() {
     proc::handover::resume();
+    watch_carry::resume();
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
@@ -48,5 +52,6 @@ pub fn adopt(handover: &Handover, inherited: &mut Inherited) -> Outcome {
     outcome.procs_failed = processes.procs_failed;
     outcome.retained = processes.retained;
     outcome.retained_failed = processes.retained_failed;
+    (outcome.watchers, outcome.watchers_failed) = watch_carry::adopt(&handover.watchers, inherited);
     outcome
 }

@@ -98,6 +98,15 @@ impl Table {
         }
     }
 
+    /// Every directory and its path (relative to its watch's root), for a table of one watch;
+    /// in no particular order.
+    pub fn entries(&self) -> Vec<(Wd, PathBuf)> {
+        self.dirs
+            .iter()
+            .flat_map(|(wd, subs)| subs.iter().map(|sub| (*wd, sub.rel.clone())))
+            .collect()
+    }
+
     /// Bytes of the paths it holds.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -191,6 +200,7 @@ mod tests {
         table.subscribe(Wd(2), 7, Path::new("old"));
         table.subscribe(Wd(2), 7, Path::new("new"));
         assert_eq!(rels(&table, 2), [(7, "new".into())]);
+        assert_eq!(table.entries(), [(Wd(2), PathBuf::from("new"))]);
         assert_eq!(table.bytes(), 3);
         table.subscribe(Wd(3), 7, Path::new("new/deeper"));
         assert_eq!(table.bytes(), 13);
