@@ -232,7 +232,7 @@ fn a_watch_dir_stream_ends_unavailable_at_the_upgrade_and_does_not_hold_the_drai
 }
 
 #[test]
-fn descriptors_are_the_same_after_ten_upgrades_with_a_watcher_as_after_the_first() {
+fn descriptors_and_threads_are_the_same_after_ten_upgrades_with_a_watcher_as_after_the_first() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = daemon(dir.path());
     let polled = daemon.home().join("polled");
@@ -249,18 +249,57 @@ fn descriptors_are_the_same_after_ten_upgrades_with_a_watcher_as_after_the_first
         names.sort();
         names
     };
+    let threads = |daemon: &Daemon| {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon.pid())).unwrap();
+        tasks.count()
+    };
     upgrade(&daemon, 1);
     assert_eq!(handover(&daemon), outcome(1, 0));
-    let after_first = descriptors(&daemon);
+    let after_first = (descriptors(&daemon), threads(&daemon));
     for upgrades in 2..=10 {
         std::fs::File::create(polled.join(format!("f{upgrades}"))).unwrap();
         upgrade(&daemon, upgrades);
     }
     assert_eq!(handover(&daemon), outcome(1, 0));
-    assert_eq!(descriptors(&daemon), after_first);
+    assert_eq!((descriptors(&daemon), threads(&daemon)), after_first);
     assert_eq!(inotify_watches(&daemon), Some(1));
     let (seen, _) = events_until(&daemon, &id, "f10");
     let expected: Vec<String> = (2..=10).map(|n| format!("f{n}")).collect();
     let names: Vec<String> = seen.into_iter().map(|(_, name)| name).collect();
     assert_eq!(names, expected);
+}
+
+#[test]
+fn a_watcher_that_failed_before_the_upgrade_answers_the_same_error_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = daemon(dir.path());
+    let flood = daemon.home().join("flood");
+    std::fs::create_dir(&flood).unwrap();
+    let id = create_watcher(&daemon, json!({"path": "flood"}));
+    let procedure = "filesystem.Filesystem/GetWatcherEvents";
+    let ask = |daemon: &Daemon| {
+        let body = json!({"watcherId": id});
+        connect::unary(daemon, procedure, &[("Authorization", AS_USER)], &body)
+    };
+    let deadline = Instant::now() + WAIT;
+    let mut made = 0;
+    let failed = loop {
+        // One event more than a watcher holds: it fails (unless asked before all were read:
+        // then again).
+        for n in made..=made + 10_000 {
+            std::fs::File::create(flood.join(n.to_string())).unwrap();
+        }
+        made += 10_001;
+        let reply = ask(&daemon);
+        if reply.status != 200 {
+            break reply.json();
+        }
+        assert!(Instant::now() < deadline, "{}", reply.text());
+    };
+    assert_eq!(failed["code"], "resource_exhausted", "{failed}");
+    upgrade(&daemon, 1);
+    assert_eq!(handover(&daemon), outcome(1, 0));
+    assert_eq!(ask(&daemon).json(), failed);
+    assert_eq!(inotify_watches(&daemon), None);
+    rpc(&daemon, "RemoveWatcher", json!({"watcherId": id}));
 }

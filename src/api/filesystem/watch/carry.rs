@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::budget::Charge;
 use super::watchers::{
-    ensure_room, lock, watchers, BufferSink, Watcher, IDLE_EXPIRY, MAX_BYTES, MAX_EVENTS,
+    lock, watchers, BufferSink, Watcher, IDLE_EXPIRY, MAX_BYTES, MAX_EVENTS, MAX_WATCHERS,
 };
 use super::{Describe, FilesystemEvent};
 use crate::connect::{Code, Error};
@@ -169,7 +169,8 @@ fn adopt_one(carried: &CarriedWatcher, inherited: &mut Inherited) -> Result<(), 
     if id.is_empty() || id.len() > MAX_ID || all.contains_key(id) {
         return Err("its id is empty, too long or taken");
     }
-    if ensure_room(&mut all).is_err() {
+    // Counted as they are: an expired one is kept to say so once, as in the old image.
+    if all.len() >= MAX_WATCHERS {
         return Err("the most watchers are taken back already");
     }
     let (events, charge) = pending(&carried.pending_events)
@@ -289,7 +290,7 @@ mod tests {
         };
         let expired = CarriedWatcher {
             expired: true,
-            ..literal("wcarry-expired")
+            ..literal("wcarry-old")
         };
         let no_instance = literal("wcarry-no-instance");
         let missing_fd = CarriedWatcher {
@@ -308,9 +309,15 @@ mod tests {
             (error.code, error.message.as_str()),
             (Code::ResourceExhausted, "the queue overflowed")
         );
-        let error = get_watcher_events("wcarry-expired").unwrap_err();
+        let error = get_watcher_events("wcarry-old").unwrap_err();
         assert_eq!(error.code, Code::NotFound);
-        assert!(error.message.contains("expired"), "{}", error.message);
+        assert!(
+            error
+                .message
+                .starts_with("watcher with id wcarry-old expired: "),
+            "{}",
+            error.message
+        );
         for gone in ["wcarry-no-instance", "wcarry-missing-fd", "wcarry-relative"] {
             assert_eq!(get_watcher_events(gone).unwrap_err().code, Code::NotFound);
         }

@@ -158,7 +158,7 @@ fn not_found(id: &str) -> Error {
 }
 
 /// Forgets expired watchers, then refuses when [`MAX_WATCHERS`] are left.
-pub(super) fn ensure_room(all: &mut BTreeMap<String, Watcher>) -> Result<(), Error> {
+fn ensure_room(all: &mut BTreeMap<String, Watcher>) -> Result<(), Error> {
     all.retain(|_, watcher| !lock(&watcher.buffer).expired);
     if all.len() >= MAX_WATCHERS {
         return Err(Error::new(
