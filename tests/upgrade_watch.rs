@@ -193,17 +193,20 @@ fn a_recursive_watcher_follows_new_directories_and_describes_entries_after_the_u
     assert_eq!(handover(&daemon), outcome(1, 0));
 }
 
+/// A `WatchDir` stream of the home directory, once started.
+fn watch_home(daemon: &Daemon) -> Stream {
+    let request = json!({"path": ""});
+    let auth = [("Authorization", AS_USER)];
+    let mut watch = Stream::open(daemon, "filesystem.Filesystem/WatchDir", &request, &auth);
+    assert_eq!(watch.next().json, json!({"start": {}}));
+    watch
+}
+
 #[test]
 fn a_watch_dir_stream_ends_unavailable_at_the_upgrade_and_does_not_hold_the_drain() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = daemon(dir.path());
-    let mut watch = Stream::open(
-        &daemon,
-        "filesystem.Filesystem/WatchDir",
-        &json!({"path": ""}),
-        &[("Authorization", AS_USER)],
-    );
-    assert_eq!(watch.next().json, json!({"start": {}}));
+    let mut watch = watch_home(&daemon);
     // The drain timeout is 600 s: `upgrade` sees the new image take over well before.
     upgrade(&daemon, 1);
     let end = loop {
@@ -219,13 +222,7 @@ fn a_watch_dir_stream_ends_unavailable_at_the_upgrade_and_does_not_hold_the_drai
     assert!(!daemon.log().iter().any(|l| l.contains("drain timeout")));
     assert_eq!(handover(&daemon), outcome(0, 0));
     // Called again, it watches in the new image.
-    let mut again = Stream::open(
-        &daemon,
-        "filesystem.Filesystem/WatchDir",
-        &json!({"path": ""}),
-        &[("Authorization", AS_USER)],
-    );
-    assert_eq!(again.next().json, json!({"start": {}}));
+    let mut again = watch_home(&daemon);
     std::fs::File::create(daemon.home().join("new")).unwrap();
     let event = again.next();
     assert_eq!(event.json["filesystem"]["name"], "new", "{event:?}");
