@@ -15,6 +15,7 @@
 //! (an upload placed across the pause would show one `create` more). Neither happens unless a
 //! read of the kernel's queue splits the pair.
 
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -29,9 +30,26 @@ pub struct Carried {
     pub root: PathBuf,
     pub recursive: bool,
     pub kernel: Arc<Inotify>,
-    /// Every watched directory: its descriptor, and its path relative to the root (empty for
-    /// the root).
-    pub dirs: Vec<(Wd, PathBuf)>,
+    /// Every watched directory, in no particular order.
+    pub dirs: Vec<CarriedDir>,
+}
+
+/// One directory of a watch's instance, as the handover carries it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CarriedDir {
+    /// Its watch descriptor in the instance.
+    #[prost(int32, tag = "1")]
+    pub wd: i32,
+    /// Its path relative to the watch's root (bytes: a path need not be UTF-8); empty for the
+    /// root.
+    #[prost(bytes = "vec", tag = "2")]
+    pub path: Vec<u8>,
+}
+
+impl CarriedDir {
+    fn rel(&self) -> &Path {
+        Path::new(OsStr::from_bytes(&self.path))
+    }
 }
 
 impl Hub {
@@ -77,7 +95,14 @@ impl Hub {
             root: watch.root.clone(),
             recursive: watch.recursive,
             kernel: Arc::clone(&watch.kernel),
-            dirs: watch.table.entries(),
+            dirs: watch
+                .table
+                .entries()
+                .map(|(wd, rel)| CarriedDir {
+                    wd: wd.0,
+                    path: rel.as_os_str().as_bytes().to_vec(),
+                })
+                .collect(),
         })
     }
 
@@ -90,10 +115,10 @@ impl Hub {
         root: &Path,
         recursive: bool,
         kernel: Inotify,
-        dirs: &[(Wd, &Path)],
+        dirs: &[CarriedDir],
         sink: Box<dyn Sink>,
     ) -> Result<WatchId, &'static str> {
-        let bytes: usize = dirs.iter().map(|(_, rel)| rel.as_os_str().len()).sum();
+        let bytes: usize = dirs.iter().map(|dir| dir.path.len()).sum();
         let id = {
             let mut state = lock(&self.shared.state);
             let held: usize = state.watches.values().map(|w| w.table.bytes()).sum();
@@ -102,8 +127,8 @@ impl Hub {
             }
             let id = state.insert(root, recursive, sink, kernel);
             if let Some(watch) = state.watches.get_mut(&id) {
-                for (wd, rel) in dirs {
-                    watch.table.subscribe(*wd, id, rel);
+                for dir in dirs {
+                    watch.table.subscribe(Wd(dir.wd), id, dir.rel());
                 }
             }
             id
@@ -116,12 +141,15 @@ impl Hub {
 
 /// Whether a carried watch's paths hold together: an absolute root, and directories (with a
 /// valid descriptor) at plain relative paths.
-fn holds_together(root: &Path, dirs: &[(Wd, &Path)]) -> bool {
-    let plain = |rel: &Path| {
-        let bytes = rel.as_os_str().as_bytes();
-        !bytes.contains(&0) && rel.components().all(|c| matches!(c, Component::Normal(_)))
+fn holds_together(root: &Path, dirs: &[CarriedDir]) -> bool {
+    let plain = |dir: &CarriedDir| {
+        let normal = dir
+            .rel()
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)));
+        dir.wd > 0 && !dir.path.contains(&0) && normal
     };
-    root.is_absolute() && dirs.iter().all(|(wd, rel)| wd.0 > 0 && plain(rel))
+    root.is_absolute() && dirs.iter().all(plain)
 }
 
 #[cfg(test)]
@@ -130,12 +158,16 @@ mod tests {
 
     #[test]
     fn carried_paths_must_be_a_root_and_plain_relative_directories() {
-        let dirs = |rel| vec![(Wd(1), Path::new("")), (Wd(2), Path::new(rel))];
+        let dir = |wd, path: &str| CarriedDir {
+            wd,
+            path: path.as_bytes().to_vec(),
+        };
+        let dirs = |rel| vec![dir(1, ""), dir(2, rel)];
         assert!(holds_together(Path::new("/w"), &dirs("a/b")));
         assert!(!holds_together(Path::new("w"), &dirs("a")));
         for bad in ["../up", "/abs", "./a", "a/../b", "a\0b"] {
             assert!(!holds_together(Path::new("/w"), &dirs(bad)), "{bad}");
         }
-        assert!(!holds_together(Path::new("/w"), &[(Wd(0), Path::new(""))]));
+        assert!(!holds_together(Path::new("/w"), &[dir(0, "")]));
     }
 }

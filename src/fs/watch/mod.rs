@@ -24,7 +24,7 @@
 //! (`fs.inotify.max_user_watches`) counts each directory once per watch that includes it;
 //! reaching it is [`WatchError::Limit`].
 
-mod carry;
+pub mod carry;
 pub mod ops;
 mod state;
 mod table;

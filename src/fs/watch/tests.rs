@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::sys::inotify::Wd;
 
 #[derive(Default)]
 struct Seen {
@@ -362,16 +361,13 @@ fn a_paused_watch_carried_to_another_hub_reads_on_from_its_queue_once() {
     let mut carried = old.carried(id).unwrap();
     assert_eq!(carried.root, dir.path());
     assert!(carried.recursive);
-    carried.dirs.sort();
-    assert_eq!(
-        carried.dirs,
-        [(Wd(1), PathBuf::new()), (Wd(2), PathBuf::from("sub"))]
-    );
-    let dirs: Vec<(Wd, &Path)> = carried
+    carried.dirs.sort_by_key(|dir| dir.wd);
+    let dirs: Vec<(i32, &[u8])> = carried
         .dirs
         .iter()
-        .map(|(w, p)| (*w, p.as_path()))
+        .map(|dir| (dir.wd, dir.path.as_slice()))
         .collect();
+    assert_eq!(dirs, [(1, &b""[..]), (2, &b"sub"[..])]);
     let copy = carried.kernel.as_fd().try_clone_to_owned().unwrap();
     let kernel = Inotify::from_carried(copy).unwrap();
 
@@ -382,9 +378,8 @@ fn a_paused_watch_carried_to_another_hub_reads_on_from_its_queue_once() {
         tick_every: None,
         next: None,
     };
-    new.adopt(&carried.root, true, kernel, &dirs, Box::new(sink))
+    new.adopt(&carried.root, true, kernel, &carried.dirs, Box::new(sink))
         .unwrap();
-    drop(dirs);
     drop(carried);
     old.unwatch(id);
     fs::create_dir(dir.path().join("sub/new")).unwrap();
@@ -417,7 +412,10 @@ fn a_resumed_hub_reads_what_waited_and_a_bad_carried_watch_is_refused() {
         tick_every: None,
         next: None,
     };
-    let dirs = [(Wd(1), Path::new("../escape"))];
+    let dirs = [carry::CarriedDir {
+        wd: 1,
+        path: b"../escape".to_vec(),
+    }];
     let error = hub
         .adopt(dir.path(), false, kernel, &dirs, Box::new(sink))
         .unwrap_err();

@@ -24,9 +24,10 @@ use super::watchers::{
 use super::{Describe, FilesystemEvent};
 use crate::connect::{Code, Error};
 use crate::fs::owners::Owners;
+use crate::fs::watch::carry::CarriedDir;
 use crate::fs::watch::Hub;
 use crate::log;
-use crate::sys::inotify::{Inotify, Wd};
+use crate::sys::inotify::Inotify;
 use crate::upgrade::carry::{Carry, Inherited};
 
 /// One `CreateWatcher` watcher, as the handover carries it (the first five fields are envd's
@@ -66,17 +67,6 @@ pub struct CarriedWatcher {
     /// The passwd file naming the owners of entries it describes.
     #[prost(bytes = "vec", tag = "12")]
     pub passwd_file: Vec<u8>,
-}
-
-/// One directory of a watcher's instance.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct CarriedDir {
-    /// Its watch descriptor in the instance.
-    #[prost(int32, tag = "1")]
-    pub wd: i32,
-    /// Its path relative to the root; empty for the root.
-    #[prost(bytes = "vec", tag = "2")]
-    pub path: Vec<u8>,
 }
 
 /// The longest id taken back (sandboxd's are 33 bytes).
@@ -132,14 +122,7 @@ pub fn export(carry: &mut Carry) -> Result<Vec<CarriedWatcher>, String> {
             entry.inotify_fd = Some(number);
             entry.root = watch.root.as_os_str().as_bytes().to_vec();
             entry.recursive = watch.recursive;
-            entry.dirs = watch
-                .dirs
-                .iter()
-                .map(|(wd, rel)| CarriedDir {
-                    wd: wd.0,
-                    path: rel.as_os_str().as_bytes().to_vec(),
-                })
-                .collect();
+            entry.dirs = watch.dirs;
         }
         carried.push(entry);
     }
@@ -203,12 +186,13 @@ fn adopt_one(carried: &CarriedWatcher, inherited: &mut Inherited) -> Result<(), 
             .ok_or("its inotify descriptor is missing or not an inotify instance")?;
         let hub = Hub::global().map_err(|_| "the directory watcher cannot start")?;
         let root = Path::new(OsStr::from_bytes(&carried.root));
-        let dirs: Vec<(Wd, &Path)> = carried
-            .dirs
-            .iter()
-            .map(|dir| (Wd(dir.wd), Path::new(OsStr::from_bytes(&dir.path))))
-            .collect();
-        let watch = hub.adopt(root, carried.recursive, kernel, &dirs, Box::new(sink))?;
+        let watch = hub.adopt(
+            root,
+            carried.recursive,
+            kernel,
+            &carried.dirs,
+            Box::new(sink),
+        )?;
         Some((hub, watch))
     };
     let watcher = Watcher {
