@@ -178,13 +178,20 @@ fn a_recursive_watcher_follows_new_directories_and_describes_entries_after_the_u
     std::fs::File::create(tree.join("old/pre")).unwrap();
     let (_, before) = events_until(&daemon, &id, "old/pre");
     upgrade(&daemon, 1);
-    std::fs::create_dir(tree.join("old/new")).unwrap();
-    std::fs::File::create(tree.join("old/new/f")).unwrap();
+    // A directory arriving whole (its entry listed once it is watched), then an entry made in
+    // it once it is watched: each reported once.
+    let stage = daemon.home().join("stage");
+    std::fs::create_dir_all(stage.join("new")).unwrap();
+    std::fs::File::create(stage.join("new/f")).unwrap();
+    std::fs::rename(stage.join("new"), tree.join("old/new")).unwrap();
     let (seen, after) = events_until(&daemon, &id, "old/new/f");
     assert_eq!(
         seen,
         pairs(&[("CREATE", "old/new"), ("CREATE", "old/new/f")])
     );
+    std::fs::File::create(tree.join("old/new/g")).unwrap();
+    let (seen, _) = events_until(&daemon, &id, "old/new/g");
+    assert_eq!(seen, pairs(&[("CREATE", "old/new/g")]));
     // Described as before: the owners' names come from the same passwd file.
     let entry = &after[1]["entry"];
     assert_eq!(entry["name"], "f");
@@ -299,4 +306,48 @@ fn a_watcher_that_failed_before_the_upgrade_answers_the_same_error_after() {
     assert_eq!(ask(&daemon).json(), failed);
     assert_eq!(inotify_watches(&daemon), None);
     rpc(&daemon, "RemoveWatcher", json!({"watcherId": id}));
+}
+
+#[test]
+fn waiting_events_past_the_handovers_room_refuse_the_upgrade_until_fetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = daemon(dir.path());
+    let full = daemon.home().join("full");
+    std::fs::create_dir(&full).unwrap();
+    // Ten watchers of 5,000 events with 200-byte names: about 1 MB each encoded (2.6 MB in
+    // memory, under a watcher's 4 MiB), 10 MB in all, past the 8 MiB the handover carries.
+    let ids: Vec<String> = (0..10)
+        .map(|_| create_watcher(&daemon, json!({"path": "full"})))
+        .collect();
+    let long = "n".repeat(195);
+    for n in 0..5_000 {
+        std::fs::File::create(full.join(format!("{long}{n:05}"))).unwrap();
+    }
+    let last = format!("{long}04999");
+    let deadline = Instant::now() + WAIT;
+    let mut upgrades = 0;
+    let answer = loop {
+        let answer = post_upgrade(daemon.addr);
+        if !answer.is_empty() {
+            break answer;
+        }
+        // Asked before the events were read (they waited in the kernel's queues, carried):
+        // the upgrade happened, and the new image reads them.
+        upgrades += 1;
+        took_back(&daemon, upgrades);
+        assert!(Instant::now() < deadline, "never refused");
+    };
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        answer.contains("KiB, more than the 8 MiB a handover carries; fetch them (GetWatcherEvents) or remove watchers, then upgrade again"),
+        "{answer}"
+    );
+    // Fetched from half of them, the rest fits: all ten cross.
+    for id in &ids[..5] {
+        events_until(&daemon, id, &last);
+    }
+    upgrade(&daemon, upgrades + 1);
+    assert_eq!(handover(&daemon), outcome(10, 0));
+    let (seen, _) = events_until(&daemon, &ids[9], &last);
+    assert_eq!(seen.len(), 5_000);
 }

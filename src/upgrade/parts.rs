@@ -11,16 +11,18 @@ use super::Outcome;
 use crate::api::filesystem::watch_carry;
 use crate::proc;
 
-/// Why an upgrade cannot happen now: state a part would lose. (Watchers are carried;
-/// `WatchDir` streams end at `prepare`.)
+/// Why an upgrade cannot happen now: state a part would lose. (Watchers are carried, within
+/// the handover's room; `WatchDir` streams end at `prepare`.)
 pub fn refusal() -> Option<String> {
     let processes = proc::Hub::running().map_or(0, |hub| hub.list().len());
-    (processes > 0).then(|| {
-        format!(
-            "cannot upgrade now: {processes} processes are live, and a live upgrade does not \
-             carry processes over yet"
-        )
-    })
+    (processes > 0)
+        .then(|| {
+            format!(
+                "cannot upgrade now: {processes} processes are live, and a live upgrade does not \
+                 carry processes over yet"
+            )
+        })
+        .or_else(watch_carry::refusal)
 }
 
 /// Every part stops changing what it hands over.

@@ -71,6 +71,34 @@ pub struct CarriedWatcher {
 
 /// The longest id taken back (sandboxd's are 33 bytes).
 const MAX_ID: usize = 128;
+/// The most bytes the watchers may take in the handover: half of what the next image reads of
+/// it (`upgrade::MAX_STATE`, 16 MiB), the rest being the other parts'.
+pub const MAX_CARRIED: usize = 8 << 20;
+
+/// Why the watchers cannot be carried now: their waiting events would not fit the handover.
+pub fn refusal() -> Option<String> {
+    let events: usize = watchers()
+        .values()
+        .map(|watcher| {
+            let buffer = lock(&watcher.buffer);
+            buffer
+                .events
+                .iter()
+                .map(prost::Message::encoded_len)
+                .sum::<usize>()
+        })
+        .sum();
+    (events > MAX_CARRIED).then(|| too_many(events))
+}
+
+fn too_many(bytes: usize) -> String {
+    format!(
+        "cannot upgrade now: the watchers' waiting events take {} KiB, more than the {} MiB a \
+         handover carries; fetch them (GetWatcherEvents) or remove watchers, then upgrade again",
+        bytes >> 10,
+        MAX_CARRIED >> 20
+    )
+}
 
 /// Stops reading and ends every `WatchDir` stream.
 pub fn prepare() {
@@ -125,6 +153,10 @@ pub fn export(carry: &mut Carry) -> Result<Vec<CarriedWatcher>, String> {
             entry.dirs = watch.dirs;
         }
         carried.push(entry);
+    }
+    let bytes: usize = carried.iter().map(prost::Message::encoded_len).sum();
+    if bytes > MAX_CARRIED {
+        return Err(too_many(bytes));
     }
     Ok(carried)
 }
