@@ -17,6 +17,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prost::Message;
+
 use super::budget::Charge;
 use super::watchers::{
     lock, watchers, BufferSink, Watcher, IDLE_EXPIRY, MAX_BYTES, MAX_EVENTS, MAX_WATCHERS,
@@ -30,7 +32,7 @@ use crate::log;
 use crate::sys::inotify::Inotify;
 use crate::upgrade::carry::{Carry, Inherited};
 
-/// One `CreateWatcher` watcher, as the handover carries it (the first five fields are envd's
+/// One `CreateWatcher` watcher, as the handover carries it (the first four fields are envd's
 /// `HandoverWatcher`'s).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct CarriedWatcher {
@@ -43,9 +45,11 @@ pub struct CarriedWatcher {
     pub recursive: bool,
     #[prost(bool, tag = "4")]
     pub include_entry: bool,
-    /// The events waiting for `GetWatcherEvents`, oldest first.
-    #[prost(message, repeated, tag = "5")]
-    pub pending_events: Vec<FilesystemEvent>,
+    /// The events waiting for `GetWatcherEvents`, oldest first: a [`PendingEvents`], encoded
+    /// once by the old image and decoded once by the new (not a field of messages, which the
+    /// handover's own decoding would copy event by event before the watcher takes them).
+    #[prost(bytes = "vec", tag = "5")]
+    pub pending_events: Vec<u8>,
     /// The error every `GetWatcherEvents` answers, once it failed: its code's name...
     #[prost(string, optional, tag = "6")]
     pub error_code: Option<String>,
@@ -69,6 +73,29 @@ pub struct CarriedWatcher {
     pub passwd_file: Vec<u8>,
 }
 
+/// A watcher's waiting events.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PendingEvents {
+    #[prost(message, repeated, tag = "1")]
+    pub events: Vec<FilesystemEvent>,
+}
+
+/// `events` encoded as a [`PendingEvents`].
+fn encode_events(events: &[FilesystemEvent]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(events_len(events));
+    for event in events {
+        prost::encoding::message::encode(1, event, &mut bytes);
+    }
+    bytes
+}
+
+fn events_len(events: &[FilesystemEvent]) -> usize {
+    events
+        .iter()
+        .map(|event| prost::encoding::message::encoded_len(1, event))
+        .sum()
+}
+
 /// The longest id taken back (sandboxd's are 33 bytes).
 const MAX_ID: usize = 128;
 /// The most bytes the watchers may take in the handover: half of what the next image reads of
@@ -79,14 +106,7 @@ pub const MAX_CARRIED: usize = 8 << 20;
 pub fn refusal() -> Option<String> {
     let events: usize = watchers()
         .values()
-        .map(|watcher| {
-            let buffer = lock(&watcher.buffer);
-            buffer
-                .events
-                .iter()
-                .map(prost::Message::encoded_len)
-                .sum::<usize>()
-        })
+        .map(|watcher| events_len(&lock(&watcher.buffer).events))
         .sum();
     (events > MAX_CARRIED).then(|| too_many(events))
 }
@@ -132,7 +152,7 @@ pub fn export(carry: &mut Carry) -> Result<Vec<CarriedWatcher>, String> {
         let mut entry = CarriedWatcher {
             id: id.clone(),
             include_entry: watcher.include_entry,
-            pending_events: buffer.events.clone(),
+            pending_events: encode_events(&buffer.events),
             error_code: buffer.error.as_ref().map(|e| e.code.as_str().to_string()),
             error_message: buffer
                 .error
@@ -188,8 +208,11 @@ fn adopt_one(carried: &CarriedWatcher, inherited: &mut Inherited) -> Result<(), 
     if all.len() >= MAX_WATCHERS {
         return Err("the most watchers are taken back already");
     }
-    let (events, charge) = pending(&carried.pending_events)
-        .ok_or("its events pass a watcher's bounds or the budget")?;
+    let events = PendingEvents::decode(carried.pending_events.as_slice())
+        .map_err(|_| "its events do not decode")?
+        .events;
+    let (events, charge) =
+        pending(events).ok_or("its events pass a watcher's bounds or the budget")?;
     let passwd = Path::new(OsStr::from_bytes(&carried.passwd_file));
     if !passwd.is_absolute() {
         return Err("its passwd file is not an absolute path");
@@ -238,12 +261,12 @@ fn adopt_one(carried: &CarriedWatcher, inherited: &mut Inherited) -> Result<(), 
 }
 
 /// The waiting events, if within a watcher's bounds, charged to the daemon's budget.
-fn pending(events: &[FilesystemEvent]) -> Option<(Vec<FilesystemEvent>, Charge)> {
+fn pending(events: Vec<FilesystemEvent>) -> Option<(Vec<FilesystemEvent>, Charge)> {
     let size = std::mem::size_of::<FilesystemEvent>();
     let bytes: usize = events.iter().map(|e| size + e.heap_bytes()).sum();
     let mut charge = Charge::default();
     let fits = events.len() <= MAX_EVENTS && bytes <= MAX_BYTES && charge.add(bytes);
-    fits.then(|| (events.to_vec(), charge))
+    fits.then_some((events, charge))
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -285,11 +308,11 @@ mod tests {
     fn literal(id: &str) -> CarriedWatcher {
         CarriedWatcher {
             id: id.into(),
-            pending_events: vec![FilesystemEvent {
+            pending_events: encode_events(&[FilesystemEvent {
                 name: "a.txt".into(),
                 kind: 1,
                 entry: None,
-            }],
+            }]),
             idle_left_ms: 60_000,
             passwd_file: b"/nonexistent/passwd".to_vec(),
             ..CarriedWatcher::default()
