@@ -141,7 +141,7 @@ impl Hub {
 
 /// Whether a carried watch's paths hold together: an absolute root, and directories (with a
 /// valid descriptor) at plain relative paths.
-fn holds_together(root: &Path, dirs: &[CarriedDir]) -> bool {
+pub fn holds_together(root: &Path, dirs: &[CarriedDir]) -> bool {
     let plain = |dir: &CarriedDir| {
         let normal = dir
             .rel()
