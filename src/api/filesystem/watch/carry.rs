@@ -108,13 +108,13 @@ pub fn refusal() -> Option<String> {
         .values()
         .map(|watcher| events_len(&lock(&watcher.buffer).events))
         .sum();
-    (events > MAX_CARRIED).then(|| too_many(events))
+    (events > MAX_CARRIED).then(|| format!("cannot upgrade now: {}", too_many(events)))
 }
 
 fn too_many(bytes: usize) -> String {
     format!(
-        "cannot upgrade now: the watchers' waiting events take {} KiB, more than the {} MiB a \
-         handover carries; fetch them (GetWatcherEvents) or remove watchers, then upgrade again",
+        "the watchers' waiting events take {} KiB, more than the {} MiB a handover carries; \
+         fetch them (GetWatcherEvents) or remove watchers, then upgrade again",
         bytes >> 10,
         MAX_CARRIED >> 20
     )
