@@ -16,6 +16,10 @@
 //! thread polls its descriptor and rereads the ticks; removing one signals it too, so that it
 //! lets go of the descriptor it holds while it waits. So no thread waits for another.
 //!
+//! **A live upgrade** pauses the thread (it reads no queue and ticks no sink until resumed) and
+//! carries each watch's instance and table to the next image, which reads the same queues on
+//! (`carry`).
+//!
 //! One instance per watch (as envd's) means one kernel queue per watch
 //! (`fs.inotify.max_queued_events`, 16384 by default): a flood in one watch overflows its
 //! queue only, and ends that watch only. Each takes one of the user's
