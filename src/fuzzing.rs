@@ -345,7 +345,8 @@ pub fn init_system_files(data: &[u8]) {
 }
 
 /// The platform's other inputs, the first byte choosing: a live upgrade's handover (decoding
-/// never panics; what decodes re-encodes to the same message), a logs collector's address (an
+/// never panics; what decodes re-encodes to the same message; carried watchers' events and
+/// paths are read as the new image reads them), a logs collector's address (an
 /// accepted one has a path beginning with `/`), `/init`'s `volumeMounts` as JSON (accepted
 /// mount points are normalised: absolute, no empty, `.` or `..` component, no trailing slash).
 pub fn platform_inputs(data: &[u8]) {
@@ -366,6 +367,9 @@ pub fn platform_inputs(data: &[u8]) {
                     &mut none,
                 );
                 assert_eq!(adopted.listeners + adopted.connections, 0);
+                for watcher in &handover.watchers {
+                    crate::api::filesystem::watch_carry::fuzz_carried(watcher);
+                }
             }
         }
         1 => {

@@ -101,7 +101,7 @@ pub fn inotify_watches(daemon: &Daemon) -> Option<usize> {
     total
 }
 
-fn wait_for_watches(daemon: &Daemon, expected: usize) {
+pub fn wait_for_watches(daemon: &Daemon, expected: usize) {
     let deadline = Instant::now() + WAIT;
     while inotify_watches(daemon).unwrap_or(0) != expected {
         assert!(

@@ -32,6 +32,8 @@ mod upgrade;
 mod upgrade_process;
 // The port forwarder across a live upgrade: listeners and open connections carried over.
 mod upgrade_forward;
+// Directory watches across POST /upgrade: watchers carried with their inotify instance.
+mod upgrade_watch;
 // GET and HEAD /files: ranges, conditionals, signed URLs, sendfile.
 mod download;
 // GET and HEAD /files with Accept-Encoding: the gzip form, when it is sent, stalls, bounds.

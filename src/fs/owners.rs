@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 pub struct Owners {
     users: HashMap<u32, String>,
     groups: HashMap<u32, String>,
+    /// The passwd file they were read from (a watcher carried across a live upgrade names it).
+    source: PathBuf,
 }
 
 /// What identifies a version of a file without reading it: device, inode, size, mtime.
@@ -79,7 +81,13 @@ impl Owners {
         Owners {
             users: names_by_id(&read(passwd_file)),
             groups: names_by_id(&read(&passwd_file.with_file_name("group"))),
+            source: passwd_file.to_path_buf(),
         }
+    }
+
+    /// The passwd file they were read from (empty for none).
+    pub fn source(&self) -> &Path {
+        &self.source
     }
 
     pub fn user(&self, uid: u32) -> String {

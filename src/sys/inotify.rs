@@ -65,6 +65,23 @@ impl Inotify {
         })
     }
 
+    /// An instance a previous image of the daemon carried across a live upgrade (`upgrade`),
+    /// once it is seen to be one (else `InvalidData`), made non-blocking (the watcher thread
+    /// must never wait in a read).
+    pub fn from_carried(fd: OwnedFd) -> io::Result<Inotify> {
+        let kind = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        if kind != Path::new("anon_inode:inotify") {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an inotify instance",
+            ));
+        }
+        super::poll::set_nonblocking(fd.as_fd())?;
+        Ok(Inotify {
+            file: File::from(fd),
+        })
+    }
+
     /// Watches `path` for the events in `mask` (`IN_*` bits, with flags such as `IN_ONLYDIR`
     /// and `IN_DONT_FOLLOW`). Watching the same inode again gives the same descriptor and
     /// replaces its mask. `ENOSPC`: the user's watch limit (`fs.inotify.max_user_watches`).
@@ -145,6 +162,20 @@ mod tests {
         out.extend_from_slice(name);
         out.resize(HEADER + padded, 0);
         out
+    }
+
+    #[test]
+    fn only_a_non_blocking_inotify_instance_is_taken_back() {
+        let kernel = Inotify::new().unwrap();
+        let copy = kernel.as_fd().try_clone_to_owned().unwrap();
+        let taken = Inotify::from_carried(copy).unwrap();
+        assert_eq!(
+            taken.read(&mut [0u8; MIN_BUFFER]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        let file = File::open("/dev/null").unwrap();
+        let error = Inotify::from_carried(OwnedFd::from(file)).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! - [`receive`]: the route. The new binary streams in the body to `--upgrade-path` (a
 //!   temporary beside it first), is checked to run (`-version` answers a version), and only
 //!   then takes the path; an empty body re-executes the running binary. Refused before the
-//!   first authorised `/init`, and while processes or watchers live (their handover is not
-//!   built: the upgrade would lose them).
+//!   first authorised `/init`, and when a part could not carry what it holds
+//!   (`parts::refusal`).
 //! - [`perform`] (on the main thread, which the route wakes with `SIGUSR2`): stop accepting
 //!   but keep the listening socket, let requests under way finish (the drain timeout), write
 //!   the [`state`] into a memory file, and `execve` the new binary with both descriptors left

@@ -9,25 +9,22 @@
 use super::carry::{Carry, Inherited};
 use super::state::Handover;
 use super::Outcome;
+use crate::api::filesystem::watch_carry;
 use crate::app::App;
 use crate::platform::forward::handover as forward;
 use crate::proc;
 
-/// Why an upgrade cannot happen now: state a part would lose.
+/// Why an upgrade cannot happen now: state a part would lose. (Watchers are carried, within
+/// the handover's room; `WatchDir` streams end at `prepare`.)
 pub fn refusal() -> Option<String> {
-    let watchers = crate::api::filesystem::live_watchers();
-    (watchers > 0).then(|| {
-        format!(
-            "cannot upgrade now: {watchers} watchers are live, and a live upgrade does not \
-             carry watchers over yet"
-        )
-    })
+    watch_carry::refusal()
 }
 
 /// Every part stops changing what it hands over.
 pub fn prepare() {
     proc::handover::prepare();
     forward::prepare();
+    watch_carry::prepare();
 }
 
 /// Every part's state into `handover`, its descriptors into `carry`.
@@ -35,6 +32,7 @@ pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(
     let (processes, exits) = proc::handover::export(carry)?;
     handover.processes = processes;
     handover.exits = exits;
+    handover.watchers = watch_carry::export(carry)?;
     handover.forwards = forward::export(carry);
     handover.freeze = app.cgroups.carried_freeze();
     // Last: the lines logged up to here go to the next image's exporter.
@@ -46,6 +44,7 @@ pub fn export(app: &App, handover: &mut Handover, carry: &mut Carry) -> Result<(
 pub fn resume() {
     proc::handover::resume();
     forward::resume();
+    watch_carry::resume();
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
@@ -62,5 +61,6 @@ pub fn adopt(app: &App, handover: &Handover, inherited: &mut Inherited) -> Outco
     outcome.retained_failed = processes.retained_failed;
     // envd's header has no field for forwards: their adoption is logged.
     forward::adopt(&handover.forwards, inherited);
+    (outcome.watchers, outcome.watchers_failed) = watch_carry::adopt(&handover.watchers, inherited);
     outcome
 }

@@ -56,6 +56,9 @@ pub struct Handover {
     /// Exits remembered for a late `Connect`.
     #[prost(message, repeated, tag = "15")]
     pub exits: Vec<crate::proc::handover::CarriedExit>,
+    /// The `CreateWatcher` watchers (`api::filesystem::watch_carry`).
+    #[prost(message, repeated, tag = "16")]
+    pub watchers: Vec<crate::api::filesystem::watch_carry::CarriedWatcher>,
     /// The port forwarder's listeners and relayed connections (`platform::forward::handover`).
     #[prost(message, repeated, tag = "17")]
     pub forwards: Vec<crate::platform::forward::handover::CarriedForward>,

@@ -12,7 +12,7 @@ mod messages;
 mod ops;
 mod watch;
 
-pub use watch::live_watchers;
+pub use watch::carry as watch_carry;
 
 use std::io;
 use std::path::Path;

@@ -16,6 +16,10 @@
 //! thread polls its descriptor and rereads the ticks; removing one signals it too, so that it
 //! lets go of the descriptor it holds while it waits. So no thread waits for another.
 //!
+//! **A live upgrade** pauses the thread (it reads no queue and ticks no sink until resumed) and
+//! carries each watch's instance and table to the next image, which reads the same queues on
+//! (`carry`).
+//!
 //! One instance per watch (as envd's) means one kernel queue per watch
 //! (`fs.inotify.max_queued_events`, 16384 by default): a flood in one watch overflows its
 //! queue only, and ends that watch only. Each takes one of the user's
@@ -24,6 +28,7 @@
 //! (`fs.inotify.max_user_watches`) counts each directory once per watch that includes it;
 //! reaching it is [`WatchError::Limit`].
 
+pub mod carry;
 pub mod ops;
 mod state;
 mod table;
@@ -75,6 +80,9 @@ pub trait Sink: Send {
     fn ready(&mut self) -> bool {
         true
     }
+    /// A live upgrade is under way (`Hub::pause`): true when the watch is to be carried to the
+    /// next image; false when the sink ended its side instead (the watch is then dropped).
+    fn upgrading(&mut self) -> bool;
 }
 
 /// A watch that could not be set up, and its sink, given back untold (to end it, or drop it).
@@ -275,7 +283,12 @@ fn run(shared: &Shared) {
             let timeout = state
                 .next_tick()
                 .map(|at| at.saturating_duration_since(Instant::now()));
-            (state.kernels(), timeout)
+            match state.paused {
+                // Only the wake-up is waited for: events wait in each instance's queue for
+                // whoever reads it next (this image resumed, or the next one).
+                true => (Vec::new(), None),
+                false => (state.kernels(), timeout),
+            }
         };
         let mut fds = vec![shared.wake.as_fd()];
         fds.extend(kernels.iter().map(|(_, kernel)| kernel.as_fd()));
@@ -301,12 +314,20 @@ fn run(shared: &Shared) {
 
 /// Reads and applies what the kernel has queued for watch `id`. A record cut off by the end of
 /// a read is carried to the next one (the kernel returns whole records, so it never is).
+///
+/// Each read is made and applied under the hub's lock, and not once the hub is paused: so an
+/// event is either applied before the pause, or still in its queue for the next image.
 fn read_events(shared: &Shared, id: WatchId, kernel: &Inotify, buf: &mut [u8]) {
     let mut held = 0;
     for _ in 0..READS_PER_TURN {
         let Some(free) = buf.get_mut(held..) else {
             return;
         };
+        let mut state = lock(&shared.state);
+        // Nor the queue of a watch removed since the poll (its instance may be carried).
+        if state.paused || !state.watches.contains_key(&id) {
+            return;
+        }
         let filled = match kernel.read(free) {
             Ok(0) => break,
             Ok(n) => held + n,
@@ -319,7 +340,6 @@ fn read_events(shared: &Shared, id: WatchId, kernel: &Inotify, buf: &mut [u8]) {
         };
         let used = {
             let parsed = inotify::parse(&buf[..filled]);
-            let mut state = lock(&shared.state);
             match parsed {
                 Ok((events, used)) => {
                     for event in &events {
@@ -333,6 +353,7 @@ fn read_events(shared: &Shared, id: WatchId, kernel: &Inotify, buf: &mut [u8]) {
                 }
             }
         };
+        drop(state);
         buf.copy_within(used..filled, 0);
         held = filled - used;
     }

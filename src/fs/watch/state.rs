@@ -49,7 +49,9 @@ const MOVES: usize = 16;
 pub const MAX_PATH_BYTES: usize = 64 << 20;
 
 pub struct State {
-    watches: HashMap<WatchId, Watch>,
+    pub(super) watches: HashMap<WatchId, Watch>,
+    /// Set for a live upgrade (`carry`): no queue is read, no sink ticked.
+    pub(super) paused: bool,
     next_id: WatchId,
     moves: [(u32, WatchId); MOVES],
     next_move: usize,
@@ -59,20 +61,21 @@ pub struct State {
     next_placement: usize,
 }
 
-struct Watch {
-    root: PathBuf,
-    recursive: bool,
-    sink: Box<dyn Sink>,
+pub(super) struct Watch {
+    pub(super) root: PathBuf,
+    pub(super) recursive: bool,
+    pub(super) sink: Box<dyn Sink>,
     /// The watch's own inotify instance: its queue overflows for its events only.
-    kernel: Arc<Inotify>,
+    pub(super) kernel: Arc<Inotify>,
     /// Its directories (the table of one watch).
-    table: Table,
+    pub(super) table: Table,
 }
 
 impl State {
     pub fn new() -> State {
         State {
             watches: HashMap::new(),
+            paused: false,
             next_id: 1,
             moves: [(0, 0); MOVES],
             next_move: 0,
@@ -109,12 +112,14 @@ impl State {
         Some(watch.sink)
     }
 
-    /// Tells watch `id`'s sink that its directories are watched; drops it when it is done.
+    /// Tells watch `id`'s sink that its directories are watched (and, during an upgrade, that
+    /// one is under way); drops it when it is done.
     pub fn ready(&mut self, id: WatchId) {
+        let paused = self.paused;
         let alive = self
             .watches
             .get_mut(&id)
-            .is_some_and(|watch| watch.sink.ready());
+            .is_some_and(|watch| watch.sink.ready() && (!paused || watch.sink.upgrading()));
         if !alive {
             self.remove(id);
         }
@@ -155,6 +160,9 @@ impl State {
 
     /// Ticks every sink that is due; drops the watches whose sink is done.
     pub fn tick(&mut self, now: Instant) {
+        if self.paused {
+            return;
+        }
         let due: Vec<WatchId> = self
             .watches
             .iter()

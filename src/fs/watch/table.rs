@@ -98,6 +98,14 @@ impl Table {
         }
     }
 
+    /// Every directory and its path (relative to its watch's root), for a table of one watch;
+    /// in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (Wd, &Path)> {
+        self.dirs
+            .iter()
+            .flat_map(|(wd, subs)| subs.iter().map(|sub| (*wd, sub.rel.as_path())))
+    }
+
     /// Bytes of the paths it holds.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -191,6 +199,8 @@ mod tests {
         table.subscribe(Wd(2), 7, Path::new("old"));
         table.subscribe(Wd(2), 7, Path::new("new"));
         assert_eq!(rels(&table, 2), [(7, "new".into())]);
+        let entries: Vec<(Wd, &Path)> = table.entries().collect();
+        assert_eq!(entries, [(Wd(2), Path::new("new"))]);
         assert_eq!(table.bytes(), 3);
         table.subscribe(Wd(3), 7, Path::new("new/deeper"));
         assert_eq!(table.bytes(), 13);

@@ -42,6 +42,10 @@ impl Sink for Recorder {
     fn end(self: Box<Self>, ended: Ended) {
         *self.seen.ended.lock().unwrap() = Some(format!("{ended:?}"));
     }
+    fn upgrading(&mut self) -> bool {
+        // A sink told to refuse ends at the pause too.
+        !self.seen.refuse.load(Ordering::SeqCst)
+    }
 }
 
 fn watch(hub: &Hub, root: &Path, recursive: bool) -> (WatchId, Arc<Seen>) {
@@ -338,4 +342,84 @@ fn an_overflowed_queue_ends_its_own_watch_only() {
         state.handle(ids[1], event);
     }
     assert_eq!(names(&seen[1]), ["still"]);
+}
+
+#[test]
+fn a_paused_watch_carried_to_another_hub_reads_on_from_its_queue_once() {
+    let old = Hub::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+    let (id, seen) = watch(&old, dir.path(), true);
+    let (_, dropped) = watch(&old, dir.path(), false);
+    dropped.refuse.store(true, Ordering::SeqCst);
+    fs::write(dir.path().join("before"), b"").unwrap();
+    wait_for(&seen, &[(Op::Create, "before")]);
+    old.pause();
+    // The sink that would not be carried is gone; the other one hears nothing more.
+    assert_eq!(old.counts(), (2, 1));
+    fs::write(dir.path().join("sub/during"), b"").unwrap();
+    let mut carried = old.carried(id).unwrap();
+    assert_eq!(carried.root, dir.path());
+    assert!(carried.recursive);
+    carried.dirs.sort_by_key(|dir| dir.wd);
+    let dirs: Vec<(i32, &[u8])> = carried
+        .dirs
+        .iter()
+        .map(|dir| (dir.wd, dir.path.as_slice()))
+        .collect();
+    assert_eq!(dirs, [(1, &b""[..]), (2, &b"sub"[..])]);
+    let copy = carried.kernel.as_fd().try_clone_to_owned().unwrap();
+    let kernel = Inotify::from_carried(copy).unwrap();
+
+    let new = Hub::start().unwrap();
+    let again = Arc::new(Seen::default());
+    let sink = Recorder {
+        seen: Arc::clone(&again),
+        tick_every: None,
+        next: None,
+    };
+    new.adopt(&carried.root, true, kernel, &carried.dirs, Box::new(sink))
+        .unwrap();
+    drop(carried);
+    old.unwatch(id);
+    fs::create_dir(dir.path().join("sub/new")).unwrap();
+    fs::write(dir.path().join("sub/new/after"), b"").unwrap();
+    wait_for(
+        &again,
+        &[
+            (Op::Create, "sub/during"),
+            (Op::Create, "sub/new"),
+            (Op::Create, "sub/new/after"),
+        ],
+    );
+    assert_eq!(names(&seen), ["before"]);
+    assert!(!names(&again).contains(&"before".to_string()));
+    assert_eq!(new.counts(), (3, 1));
+}
+
+#[test]
+fn a_resumed_hub_reads_what_waited_and_a_bad_carried_watch_is_refused() {
+    let hub = Hub::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (id, seen) = watch(&hub, dir.path(), false);
+    hub.pause();
+    fs::write(dir.path().join("waited"), b"").unwrap();
+    hub.resume();
+    wait_for(&seen, &[(Op::Create, "waited")]);
+    let kernel = Inotify::new().unwrap();
+    let sink = Recorder {
+        seen: Arc::new(Seen::default()),
+        tick_every: None,
+        next: None,
+    };
+    let dirs = [carry::CarriedDir {
+        wd: 1,
+        path: b"../escape".to_vec(),
+    }];
+    let error = hub
+        .adopt(dir.path(), false, kernel, &dirs, Box::new(sink))
+        .unwrap_err();
+    assert_eq!(error, "its paths do not hold together");
+    assert_eq!(hub.counts().1, 1);
+    hub.unwatch(id);
 }

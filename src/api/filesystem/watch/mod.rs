@@ -10,11 +10,10 @@
 //! buffers, caps, expiry). Watching itself is `fs::watch`'s.
 
 mod budget;
+pub mod carry;
 pub(super) mod setup;
 mod stream;
 mod watchers;
-
-pub use watchers::live as live_watchers;
 
 use std::path::PathBuf;
 

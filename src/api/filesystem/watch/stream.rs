@@ -19,7 +19,8 @@
 //! - `Connect-Timeout-Ms` ends the stream with `deadline_exceeded` when it passes; the SDKs
 //!   send their watch timeout (60 s by default) this way.
 //! - When the daemon shuts down, streams end with `unavailable` within a second, so the drain
-//!   does not wait for them.
+//!   does not wait for them; at a live upgrade (`POST /upgrade`) they end at once with
+//!   `unavailable` ("sandboxd is upgrading: call WatchDir again"): a stream is not carried.
 //! - A call that fails once its head is accepted (a bad request message, a path that is not a
 //!   directory) is answered 200 with only the end-of-stream error (`api::rpc::failed`).
 //! - The watch is set up on a setup thread (`setup`), not in the worker: the answer is
@@ -214,6 +215,16 @@ impl Sink for StreamSink {
 
     fn end(mut self: Box<Self>, ended: Ended) {
         self.live.finish(Err(ended_error(ended)));
+    }
+
+    /// A stream's connection does not cross the upgrade's `execve`: it ends now, so that the
+    /// drain does not wait for it, and its client watches again.
+    fn upgrading(&mut self) -> bool {
+        self.live.finish(Err(Error::new(
+            Code::Unavailable,
+            "sandboxd is upgrading: call WatchDir again",
+        )));
+        false
     }
 }
 

@@ -33,6 +33,7 @@ use super::setup::WorkerSlot;
 use super::{directory, ended_error, hub, watch_error, Describe, FilesystemEvent, WatchRequest};
 use crate::api::filesystem::Caller;
 use crate::connect::{Code, Error};
+use crate::fs::owners::Owners;
 use crate::fs::watch::{Change, Ended, Hub, Refused, Sink, WatchId};
 
 /// The most watchers at once.
@@ -60,21 +61,25 @@ pub struct GetWatcherEventsResponse {
 /// Every watcher, by id.
 static WATCHERS: Mutex<BTreeMap<String, Watcher>> = Mutex::new(BTreeMap::new());
 
-struct Watcher {
-    hub: Hub,
-    watch: WatchId,
-    buffer: Arc<Mutex<Buffer>>,
+pub(super) struct Watcher {
+    /// Its watch; `None` once it failed or expired.
+    pub(super) watch: Option<(Hub, WatchId)>,
+    pub(super) buffer: Arc<Mutex<Buffer>>,
+    /// How it describes its events (`BufferSink`'s), for a live upgrade.
+    pub(super) include_entry: bool,
+    pub(super) owners: Arc<Owners>,
 }
 
 /// What a watcher holds for its client.
-struct Buffer {
-    events: Vec<FilesystemEvent>,
+pub(super) struct Buffer {
+    pub(super) events: Vec<FilesystemEvent>,
     /// What `events` holds, charged to the daemon's budget.
-    charge: Charge,
+    pub(super) charge: Charge,
     /// Once set, the answer to every `GetWatcherEvents`.
-    error: Option<Error>,
-    last_asked: Instant,
-    expired: bool,
+    pub(super) error: Option<Error>,
+    /// When it expires unless its client asks for its events before.
+    pub(super) expires: Instant,
+    pub(super) expired: bool,
 }
 
 pub fn create_watcher(
@@ -90,6 +95,7 @@ pub fn create_watcher(
     } else {
         None
     };
+    let owners = Arc::clone(&caller.owners);
     let (sink, buffer) = BufferSink::new(Describe {
         include_entry: request.include_entry,
         owners: caller.owners,
@@ -104,7 +110,13 @@ pub fn create_watcher(
         hub.unwatch(watch);
         return Err(error);
     }
-    all.insert(id.clone(), Watcher { hub, watch, buffer });
+    let watcher = Watcher {
+        watch: Some((hub, watch)),
+        buffer,
+        include_entry: request.include_entry,
+        owners,
+    };
+    all.insert(id.clone(), watcher);
     Ok(CreateWatcherResponse { watcher_id: id })
 }
 
@@ -124,7 +136,7 @@ pub fn get_watcher_events(id: &str) -> Result<GetWatcherEventsResponse, Error> {
             ),
         ));
     }
-    buffer.last_asked = Instant::now();
+    buffer.expires = Instant::now() + IDLE_EXPIRY;
     if let Some(error) = &buffer.error {
         return Err(error.clone());
     }
@@ -135,7 +147,9 @@ pub fn get_watcher_events(id: &str) -> Result<GetWatcherEventsResponse, Error> {
 
 pub fn remove_watcher(id: &str) -> Result<(), Error> {
     let watcher = watchers().remove(id).ok_or_else(|| not_found(id))?;
-    watcher.hub.unwatch(watcher.watch);
+    if let Some((hub, watch)) = watcher.watch {
+        hub.unwatch(watch);
+    }
     Ok(())
 }
 
@@ -171,22 +185,17 @@ fn new_id() -> Result<String, Error> {
     Ok(id)
 }
 
-/// How many watchers `CreateWatcher` made are live.
-pub fn live() -> usize {
-    watchers().len()
-}
-
-fn watchers() -> MutexGuard<'static, BTreeMap<String, Watcher>> {
+pub(super) fn watchers() -> MutexGuard<'static, BTreeMap<String, Watcher>> {
     WATCHERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn lock(buffer: &Mutex<Buffer>) -> MutexGuard<'_, Buffer> {
+pub(super) fn lock(buffer: &Mutex<Buffer>) -> MutexGuard<'_, Buffer> {
     buffer.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The watch's side of a watcher: fills its buffer. Lock order: the watchers' table, then a
 /// buffer; the watcher thread takes a buffer only.
-struct BufferSink {
+pub(super) struct BufferSink {
     buffer: Arc<Mutex<Buffer>>,
     describe: Describe,
 }
@@ -194,11 +203,21 @@ struct BufferSink {
 impl BufferSink {
     /// A sink filling a new, empty buffer (also returned, for the polls).
     fn new(describe: Describe) -> (BufferSink, Arc<Mutex<Buffer>>) {
+        BufferSink::filling(describe, Vec::new(), Charge::default())
+    }
+
+    /// A sink filling a buffer that holds `events` already (charged for by `charge`), as a
+    /// watcher taken back from a previous image's.
+    pub(super) fn filling(
+        describe: Describe,
+        events: Vec<FilesystemEvent>,
+        charge: Charge,
+    ) -> (BufferSink, Arc<Mutex<Buffer>>) {
         let buffer = Arc::new(Mutex::new(Buffer {
-            events: Vec::new(),
-            charge: Charge::default(),
+            events,
+            charge,
             error: None,
-            last_asked: Instant::now(),
+            expires: Instant::now() + IDLE_EXPIRY,
             expired: false,
         }));
         let sink = BufferSink {
@@ -253,12 +272,12 @@ impl Sink for BufferSink {
     }
 
     fn next_tick(&self) -> Option<Instant> {
-        Some(lock(&self.buffer).last_asked + IDLE_EXPIRY)
+        Some(lock(&self.buffer).expires)
     }
 
     fn tick(&mut self, now: Instant) -> bool {
         let mut buffer = lock(&self.buffer);
-        if now < buffer.last_asked + IDLE_EXPIRY {
+        if now < buffer.expires {
             return true;
         }
         buffer.expired = true;
@@ -272,6 +291,11 @@ impl Sink for BufferSink {
         buffer.events = Vec::new();
         buffer.charge.clear();
         buffer.error = Some(ended_error(ended));
+    }
+
+    /// Carried to the next image (`carry`).
+    fn upgrading(&mut self) -> bool {
+        true
     }
 }
 
@@ -332,11 +356,11 @@ mod tests {
     #[test]
     fn a_watcher_nobody_asks_expires_after_an_hour() {
         let (mut sink, buffer) = sink();
-        let asked = lock(&buffer).last_asked;
-        assert_eq!(sink.next_tick(), Some(asked + IDLE_EXPIRY));
-        assert!(sink.tick(asked + IDLE_EXPIRY - Duration::from_secs(1)));
+        let expires = lock(&buffer).expires;
+        assert_eq!(sink.next_tick(), Some(expires));
+        assert!(sink.tick(expires - Duration::from_secs(1)));
         sink.deliver(&change("f"));
-        assert!(!sink.tick(asked + IDLE_EXPIRY));
+        assert!(!sink.tick(expires));
         let buffer = lock(&buffer);
         assert!(buffer.expired && buffer.events.is_empty());
     }
