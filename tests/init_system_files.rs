@@ -131,7 +131,7 @@ fn a_ca_bundle_that_is_not_pem_certificates_is_400_and_changes_nothing() {
     for (pem, message) in cases {
         let reply = init(&daemon, json!({"caBundle": pem, "envVars": {"SET": "no"}}));
         reply.assert_error(400, message);
-        assert_eq!(reply.header("x-envd-version"), Some("0.6.11"));
+        assert_eq!(reply.header("x-envd-version"), Some(sandboxd::ENVD_VERSION));
     }
     assert_eq!(read(r, BUNDLE), SYSTEM_BUNDLE);
     assert!(!r.join(PERSISTED).exists());

@@ -242,7 +242,7 @@ fn a_failed_mount_is_400_in_envds_words_and_the_init_applies_nothing_else() {
             fakes.mount_call("h:/a", "/mnt/data")
         ),
     );
-    assert_eq!(reply.header("x-envd-version"), Some("0.6.11"));
+    assert_eq!(reply.header("x-envd-version"), Some(sandboxd::ENVD_VERSION));
     assert_eq!(daemon.get("/envs").json().get("SET"), None);
     // Retried once the server is there: mounted, and the rest applied.
     fakes.flag("mount-fails", false);

@@ -83,17 +83,24 @@ use crate::platform::{clock, init_files, volumes};
 /// - 0.6.7–0.6.11: envd's fixes (upload metadata races, CA install, constant-time signatures,
 ///   `Start` after a cancelled request, prompt shutdown), none a new surface; sandboxd's
 ///   equivalents are in place.
-/// - 0.6.12: `POST /upgrade` with envd's protobuf handover. **Not this level**: from it on, E2B's
-///   orchestrator upgrades a running daemon by delivering *envd's* binary, which would have to
-///   read sandboxd's handover (it cannot: the formats are each their own), and sandboxd's
-///   `/upgrade` does not carry processes or watchers yet (SPEC §9c).
+/// - 0.6.12: `POST /upgrade`, the orchestrator's live upgrade at a resume: the new binary in
+///   the body, the workload carried across a same-pid `execve`, the outcome in `/init`'s
+///   `X-Envd-Handover`. Have (`upgrade`, SPEC §9c): the listener, `/init`'s state, processes,
+///   watchers, forwards, a freeze in effect, each by sandboxd's own handover. The binary the
+///   orchestrator delivers must be a sandboxd (`--handover-schema`): envd's is refused with
+///   400 before anything is touched, and the sandbox goes on with sandboxd.
+/// - 0.6.13: no new surface (envd's version bump after the live upgrade); with it, the level
+///   the issue names for "every platform call": binary protobuf, `/init` with the metadata
+///   service, pause and cgroups, port forwarding, live upgrade. Have.
 /// - The Connect services (`filesystem.Filesystem`, `process.Process`), present in every envd:
 ///   have (SPEC §9b), `StreamInput` as a half-duplex client stream.
 ///
-/// Hence 0.6.11, the last level before the first gap (0.6.12): the SDKs turn on everything they
-/// gate (the highest gate is 0.6.4), E2B's API allows network rules and volumes, and the
-/// orchestrator freezes, collapses and fs-freezes around pauses, all of which sandboxd does.
-pub const ENVD_VERSION: &str = "0.6.11";
+/// Hence 0.6.13, envd's newest: the SDKs turn on everything they gate (the highest gate is
+/// 0.6.4), E2B's API allows network rules and volumes, and the orchestrator freezes, collapses,
+/// fs-freezes and live-upgrades around pauses and resumes, all of which sandboxd does. (It
+/// upgrades a daemon older than the level it promotes; told 0.6.13, it leaves sandboxd alone
+/// until it promotes a newer one.)
+pub const ENVD_VERSION: &str = "0.6.13";
 
 /// The body of `POST /init`; every field optional, unknown fields ignored.
 #[derive(Deserialize, Default)]
