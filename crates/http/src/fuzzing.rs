@@ -173,6 +173,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
             out: &mut Vec::new(),
             waker: &waker,
             in_flight: &in_flight,
+            spare: &mut None,
         };
         conn.run(io, &mut cx)
     };

@@ -225,6 +225,7 @@ struct Worker {
     scratch: Vec<u8>,
     out: Vec<u8>,
     date: DateCache,
+    spare: Option<Box<crate::conn::Reading>>,
 }
 
 impl<H: Handler> Shared<H> {
@@ -233,6 +234,7 @@ impl<H: Handler> Shared<H> {
             scratch: vec![0; SCRATCH_BYTES],
             out: Vec::with_capacity(OUT_BYTES),
             date: DateCache::new(),
+            spare: None,
         };
         loop {
             self.pool.stand_by_if_spare();
@@ -295,6 +297,7 @@ impl<H: Handler> Shared<H> {
                 out: &mut worker.out,
                 waker: &make_waker,
                 in_flight: &self.in_flight,
+                spare: &mut worker.spare,
             };
             let mut io = SocketIo(&connection.socket);
             let (wait, deadline) = match connection.conn.run(&mut io, &mut cx) {
