@@ -27,7 +27,7 @@ fn forwarding(host: u8, extra: &[&str]) -> (Daemon, IpAddr) {
 }
 
 /// Waits until the daemon says it forwards `port` to `upstream`; the forward's address.
-fn forwarded(daemon: &Daemon, ip: IpAddr, upstream: SocketAddr) -> SocketAddr {
+pub(crate) fn forwarded(daemon: &Daemon, ip: IpAddr, upstream: SocketAddr) -> SocketAddr {
     let line = format!("forwarding {ip}:{} to {upstream}", upstream.port());
     daemon.log_with(|l| l.ends_with(&line));
     SocketAddr::new(ip, upstream.port())
@@ -35,7 +35,7 @@ fn forwarded(daemon: &Daemon, ip: IpAddr, upstream: SocketAddr) -> SocketAddr {
 
 /// A connection to `to` whose reads and writes give up after a minute (a bug is a failure,
 /// not a hang).
-fn connect(to: SocketAddr) -> TcpStream {
+pub(crate) fn connect(to: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(to).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))

@@ -45,6 +45,24 @@ fn freeze(daemon: &Daemon, query: &str) -> (u16, Value) {
     (reply.status, json)
 }
 
+/// A group of the guest's own (`custom`) with a busy loop in it, and one it froze itself
+/// (`paused`); and the busy loop, which the caller kills.
+fn guest_groups(
+    cgroup: &TestCgroup,
+) -> (std::path::PathBuf, std::path::PathBuf, std::process::Child) {
+    let custom = cgroup.child("custom");
+    let paused = cgroup.child("paused");
+    std::fs::create_dir(&custom).unwrap();
+    std::fs::create_dir(&paused).unwrap();
+    std::fs::write(paused.join("cgroup.freeze"), "1").unwrap();
+    let child = std::process::Command::new("sh")
+        .args(BUSY_LOOP)
+        .spawn()
+        .unwrap();
+    std::fs::write(custom.join("cgroup.procs"), child.id().to_string()).unwrap();
+    (custom, paused, child)
+}
+
 #[test]
 fn a_busy_loop_stops_while_frozen_and_goes_on_after_unfreeze() {
     let Some(cgroup) = TestCgroup::make() else {
@@ -150,16 +168,7 @@ fn hierarchy_freezes_the_guests_groups_too_and_leaves_the_guests_own_freezes() {
     };
     let daemon = daemon_in(&cgroup, &[]);
     // A group of the guest's own with a busy loop in it, and one it froze itself.
-    let custom = cgroup.child("custom");
-    let paused = cgroup.child("paused");
-    std::fs::create_dir(&custom).unwrap();
-    std::fs::create_dir(&paused).unwrap();
-    std::fs::write(paused.join("cgroup.freeze"), "1").unwrap();
-    let mut child = std::process::Command::new("sh")
-        .args(BUSY_LOOP)
-        .spawn()
-        .unwrap();
-    std::fs::write(custom.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let (custom, paused, mut child) = guest_groups(&cgroup);
     let (status, result) = freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000");
     assert_eq!(status, 200, "{result}");
     assert_eq!(result["mode"], "hierarchy");
@@ -258,16 +267,7 @@ fn a_freeze_crosses_a_live_upgrade_and_the_next_init_thaws_it_but_not_the_guests
     let target = dir.path().join("envd.next");
     let daemon = daemon_in(&cgroup, &["--upgrade-path", target.to_str().unwrap()]);
     assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
-    let custom = cgroup.child("custom");
-    let paused = cgroup.child("paused");
-    std::fs::create_dir(&custom).unwrap();
-    std::fs::create_dir(&paused).unwrap();
-    std::fs::write(paused.join("cgroup.freeze"), "1").unwrap();
-    let mut child = std::process::Command::new("sh")
-        .args(BUSY_LOOP)
-        .spawn()
-        .unwrap();
-    std::fs::write(custom.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let (custom, paused, mut child) = guest_groups(&cgroup);
     let (status, result) = freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000");
     assert_eq!(status, 200, "{result}");
     assert!(frozen(&custom));

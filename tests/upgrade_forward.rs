@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{builder, low_byte, Daemon, TOKEN};
+use crate::forward::{connect, forwarded};
 
 /// An initialised daemon forwarding on 127.0.0.`host`, upgradable into a directory of the
 /// test's.
@@ -28,24 +29,6 @@ fn daemon(host: u8, dir: &std::path::Path) -> (Daemon, IpAddr) {
     let reply = daemon.call("POST", "/init", json!({}).to_string().as_bytes());
     assert_eq!(reply.status, 204, "{}", reply.text());
     (daemon, ip)
-}
-
-/// Waits until the daemon forwards `upstream`'s port; the forward's address.
-fn forwarded(daemon: &Daemon, ip: IpAddr, upstream: SocketAddr) -> SocketAddr {
-    let line = format!("forwarding {ip}:{} to {upstream}", upstream.port());
-    daemon.log_with(|l| l.ends_with(&line));
-    SocketAddr::new(ip, upstream.port())
-}
-
-fn connect(to: SocketAddr) -> TcpStream {
-    let stream = TcpStream::connect(to).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    stream
 }
 
 /// A connection through `front` and the server's end of it (`server` is its upstream), both
