@@ -189,7 +189,7 @@ fn take_back(
                  /init",
                 handover.from_version, handover.from_envd_version
             ));
-            upgrade::adopt(app, &handover, inherited);
+            upgrade::adopt(app, handover, inherited);
         }
         Err(error) => {
             log::line(format_args!(

@@ -74,6 +74,7 @@ pub(super) fn run(shared: &Shared) {
             crate::platform::forward::activity();
         }
         let mut state = lock(shared);
+        let now = Instant::now();
         if state.upgrading {
             // The table is being handed over: what the poll found waits for the next image.
             continue;
@@ -89,7 +90,7 @@ pub(super) fn run(shared: &Shared) {
             match watch.slot {
                 // Held since the poll began (an upgrade that failed meanwhile): its output
                 // waits for its subscribers to come back.
-                Slot::Output(_) if process.held(Instant::now()) => {}
+                Slot::Output(_) if process.held(now) => {}
                 Slot::Output(index) => read_output(process, index, &mut buf, &wake),
                 Slot::Input => write_input(process),
             }

@@ -267,8 +267,8 @@ pub fn take_over() -> Option<TakenOver> {
 
 /// The new image takes back what the handover carries (after the daemon's own state): each
 /// part adopts its share; how it went is kept for `/init`.
-pub fn adopt(app: &App, handover: &Handover, mut inherited: carry::Inherited) {
-    let outcome = parts::adopt(app, handover, &mut inherited);
+pub fn adopt(app: &App, mut handover: Handover, mut inherited: carry::Inherited) {
+    let outcome = parts::adopt(app, &mut handover, &mut inherited);
     inherited.close_rest();
     log::line(format_args!("upgrade: took back {}", outcome.header()));
     record_outcome(outcome);

@@ -48,12 +48,13 @@ pub fn resume() {
 }
 
 /// The new image takes each part back; how it went, for `X-Envd-Handover`.
-pub fn adopt(app: &App, handover: &Handover, inherited: &mut Inherited) -> Outcome {
+pub fn adopt(app: &App, handover: &mut Handover, inherited: &mut Inherited) -> Outcome {
     let mut outcome = Outcome::default();
     if let Some(freeze) = &handover.freeze {
         app.cgroups.adopt_freeze(freeze);
     }
-    crate::log::export::requeue(handover.log_lines.clone());
+    // Taken, not copied: they may be 8 MiB.
+    crate::log::export::requeue(std::mem::take(&mut handover.log_lines));
     let processes = proc::handover::adopt(&handover.processes, &handover.exits, inherited);
     outcome.procs = processes.procs;
     outcome.procs_failed = processes.procs_failed;
