@@ -15,6 +15,7 @@ use crate::auth::{self, AuthError, Operation, SignedQuery};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::fs::as_user::{AsUser, Identity, SwitchError};
+use crate::fs::owners::Owners;
 use crate::fs::paths;
 use crate::fs::users::{self, User};
 use crate::fs::FsError;
@@ -310,13 +311,25 @@ impl App {
     pub fn identity(&self, user: &User) -> Option<Identity> {
         self.config
             .fs_as_user
-            .then(|| Identity::of(&self.config.passwd_file, user))
+            .then(|| Identity::of(user, &Owners::current(&self.config.passwd_file)))
     }
 
     /// With `--fs-as-user`, switches the calling thread to `user`'s filesystem credentials
     /// until the guard is dropped (`fs::as_user`); without it, `None` and nothing changes.
     pub fn as_user(&self, user: &User) -> Result<Option<AsUser>, SwitchError> {
         self.identity(user).map(|who| who.enter()).transpose()
+    }
+
+    /// [`App::as_user`], the groups from the user database the request already read.
+    pub fn as_user_with(
+        &self,
+        user: &User,
+        owners: &Owners,
+    ) -> Result<Option<AsUser>, SwitchError> {
+        self.config
+            .fs_as_user
+            .then(|| Identity::of(user, owners).enter())
+            .transpose()
     }
 }
 

@@ -16,9 +16,9 @@ use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::path::Path;
 
-use crate::fs::users::{self, User};
+use crate::fs::owners::Owners;
+use crate::fs::users::User;
 use crate::log;
 use crate::sys::creds;
 
@@ -33,13 +33,13 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// `user`'s identity, its groups from the group file beside `passwd_file`.
-    pub fn of(passwd_file: &Path, user: &User) -> Identity {
+    /// `user`'s identity, its groups from the group file `owners` was read with.
+    pub fn of(user: &User, owners: &Owners) -> Identity {
         Identity {
             name: user.name.clone(),
             uid: user.uid,
             gid: user.gid,
-            groups: users::groups(passwd_file, user),
+            groups: owners.groups_of(user),
         }
     }
 
@@ -109,20 +109,38 @@ pub struct AsUser {
 
 impl Drop for AsUser {
     /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid; the
-    /// groups stay (module documentation). A thread left with a user's credentials would serve the next request with them,
-    /// so a failure here (which cannot happen to a thread whose uid is 0) aborts the daemon.
+    /// groups stay (module documentation). Going back to the process's effective ids cannot
+    /// fail (`creds::reset_fsuid`) and is not read back; any other saved id (a nested switch)
+    /// is checked, and a thread left with a user's credentials would serve the next request
+    /// with them, so a failure there aborts the daemon.
     fn drop(&mut self) {
-        let saved = &self.saved;
-        let restored = saved
-            .uid
-            .map_or(Ok(0), creds::set_fsuid)
-            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid));
+        let (euid, egid) = creds::effective_ids();
+        let restored = restore(self.saved.uid, euid, creds::reset_fsuid, creds::set_fsuid)
+            .and_then(|()| restore(self.saved.gid, egid, creds::reset_fsgid, creds::set_fsgid));
         if let Err(error) = restored {
             log::line(format_args!(
                 "fatal: cannot restore the daemon's own filesystem credentials: {error}"
             ));
             std::process::abort();
         }
+    }
+}
+
+/// Sets one id back to `saved` (`None`: it was not changed): unchecked when it is the
+/// process's own (`own`), checked otherwise.
+fn restore(
+    saved: Option<u32>,
+    own: u32,
+    reset: fn(),
+    set: fn(u32) -> io::Result<u32>,
+) -> io::Result<()> {
+    match saved {
+        None => Ok(()),
+        Some(id) if id == own => {
+            reset();
+            Ok(())
+        }
+        Some(id) => set(id).map(drop),
     }
 }
 
@@ -171,23 +189,29 @@ mod tests {
             gid: 4343,
             home: "/home/user".into(),
         };
-        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        assert_eq!(
+            Identity::of(&user, &Owners::current(&dir.path().join("passwd"))),
+            identity()
+        );
         // Cached, yet a change of the file counts at once; without a file, the primary group.
-        assert_eq!(Identity::of(&dir.path().join("passwd"), &user), identity());
+        assert_eq!(
+            Identity::of(&user, &Owners::current(&dir.path().join("passwd"))),
+            identity()
+        );
         std::fs::write(dir.path().join("group"), "dev:x:50:other\n").unwrap();
         assert_eq!(
-            Identity::of(&dir.path().join("passwd"), &user).groups,
+            Identity::of(&user, &Owners::current(&dir.path().join("passwd"))).groups,
             [4343]
         );
         // A different size: two writes within one clock tick can share a modification time.
         std::fs::write(dir.path().join("group"), "team:x:51:root,user\n").unwrap();
         assert_eq!(
-            Identity::of(&dir.path().join("passwd"), &user).groups,
+            Identity::of(&user, &Owners::current(&dir.path().join("passwd"))).groups,
             [4343, 51]
         );
         std::fs::remove_file(dir.path().join("group")).unwrap();
         assert_eq!(
-            Identity::of(&dir.path().join("passwd"), &user).groups,
+            Identity::of(&user, &Owners::current(&dir.path().join("passwd"))).groups,
             [4343]
         );
     }
@@ -253,6 +277,39 @@ mod tests {
                 io::ErrorKind::PermissionDenied
             );
         }
+    }
+
+    /// As root: a switch inside a switch gives back the outer user's ids (the checked path),
+    /// then the outer guard gives back the process's own (the unchecked one).
+    #[test]
+    fn nested_switches_restore_in_order() {
+        if !is_root() {
+            assert!(
+                std::env::var_os("SANDBOXD_REQUIRE_ROOT_TESTS").is_none_or(|v| v != "1"),
+                "switching credentials needs root"
+            );
+            return;
+        }
+        std::thread::spawn(|| {
+            let own = creds::effective_ids();
+            assert_eq!((creds::fsuid(), creds::fsgid()), own);
+            let outer = identity().enter().unwrap();
+            {
+                let other = Identity {
+                    name: "other".into(),
+                    uid: 5252,
+                    gid: 5353,
+                    groups: vec![5353],
+                };
+                let _inner = other.enter().unwrap();
+                assert_eq!((creds::fsuid(), creds::fsgid()), (5252, 5353));
+            }
+            assert_eq!((creds::fsuid(), creds::fsgid()), (4242, 4343));
+            drop(outer);
+            assert_eq!((creds::fsuid(), creds::fsgid()), own);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

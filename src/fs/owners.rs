@@ -1,6 +1,8 @@
 //! The names of a file's owner and group, as `ls -l` shows them: the first passwd entry with
 //! the uid, the first group entry with the gid, else the number itself (as envd does when Go's
-//! `os/user` finds none).
+//! `os/user` finds none). One parse also gives each user's supplementary groups
+//! ([`Owners::groups_of`]), so a request that acts as its user (`--fs-as-user`) or starts a
+//! process reads the files no more than one that only names owners.
 //!
 //! The group file is the one beside the passwd file (`/etc/group` for `/etc/passwd`), so a
 //! daemon pointed at another passwd file (a test, a chroot) reads the matching groups. Users are
@@ -13,11 +15,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::fs::users::{self, User};
+
 /// uid and gid to names, from one read of both files.
 #[derive(Debug, Default)]
 pub struct Owners {
     users: HashMap<u32, String>,
     groups: HashMap<u32, String>,
+    /// Member name to the groups listing it (`users::memberships`).
+    members: HashMap<String, Vec<u32>>,
     /// The passwd file they were read from (a watcher carried across a live upgrade names it).
     source: PathBuf,
 }
@@ -78,11 +84,18 @@ impl Owners {
                 .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default()
         };
+        let group = read(&passwd_file.with_file_name("group"));
         Owners {
             users: names_by_id(&read(passwd_file)),
-            groups: names_by_id(&read(&passwd_file.with_file_name("group"))),
+            groups: names_by_id(&group),
+            members: users::memberships(&group),
             source: passwd_file.to_path_buf(),
         }
+    }
+
+    /// `user`'s groups: the primary one, then those the group file lists the user in.
+    pub fn groups_of(&self, user: &User) -> Vec<u32> {
+        users::groups_of(user, &self.members)
     }
 
     /// The passwd file they were read from (empty for none).

@@ -5,11 +5,12 @@
 //! the files on every lookup, because sandboxes add users at runtime, and never calls into
 //! libc's NSS.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::fs::error::FsError;
-use crate::fs::owners::{self, FileVersion};
+use crate::fs::owners::{self, FileVersion, Owners};
 
 /// A passwd entry: what sandboxd needs to resolve paths and own files for a user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,34 +93,45 @@ pub fn cached_text(cache: &TextCache, path: &Path) -> std::io::Result<Arc<str>> 
     Ok(text)
 }
 
-/// Pure: the group ids of `user` from group-format text (name:pw:gid:member,member): the
-/// primary gid first, then every group listing the user as a member, each once, as
-/// `initgroups(3)` gathers them. Malformed lines are skipped.
-pub fn parse_groups(text: &str, user: &User) -> Vec<u32> {
-    let mut groups = vec![user.gid];
+/// Pure: the groups each member belongs to, from group-format text (name:pw:gid:member,...):
+/// member name to gids in the file's order, each once. Malformed lines are skipped.
+pub fn memberships(text: &str) -> HashMap<String, Vec<u32>> {
+    let mut members: HashMap<String, Vec<u32>> = HashMap::new();
     for line in text.lines() {
-        let fields: Vec<&str> = line.trim_end_matches('\r').splitn(4, ':').collect();
-        let [_, _, gid, members] = fields[..] else {
+        let mut fields = line.trim_end_matches('\r').splitn(4, ':');
+        let (Some(_), Some(_), Some(gid), Some(list)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
             continue;
         };
         let Ok(gid) = gid.parse::<u32>() else {
             continue;
         };
-        if members.split(',').any(|m| m.trim() == user.name) && !groups.contains(&gid) {
-            groups.push(gid);
+        for member in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let gids = members.entry(member.to_string()).or_default();
+            if !gids.contains(&gid) {
+                gids.push(gid);
+            }
         }
     }
+    members
+}
+
+/// Pure: `user`'s groups given the group file's [`memberships`]: the primary gid first, then
+/// every group listing the user, each once, as `initgroups(3)` gathers them.
+pub fn groups_of(user: &User, memberships: &HashMap<String, Vec<u32>>) -> Vec<u32> {
+    let mut groups = vec![user.gid];
+    let listed = memberships.get(&user.name).map_or(&[][..], Vec::as_slice);
+    groups.extend(listed.iter().filter(|gid| **gid != user.gid));
     groups
 }
 
 /// The groups of `user` (SPEC §9b), from the `group` file beside the passwd file
-/// (`/etc/group` for `/etc/passwd`); without one, only the primary group. The file is parsed
-/// again only when its version changed ([`cached_text`]), so a user added to or removed from
-/// a group counts at once.
+/// (`/etc/group` for `/etc/passwd`); without one, only the primary group. The files are parsed
+/// again only when their version changed ([`Owners::current`]), so a user added to or removed
+/// from a group counts at once.
 pub fn groups(passwd_file: &Path, user: &User) -> Vec<u32> {
-    static CACHE: TextCache = Mutex::new(None);
-    let text = cached_text(&CACHE, &passwd_file.with_file_name("group"));
-    parse_groups(text.as_deref().unwrap_or_default(), user)
+    Owners::current(passwd_file).groups_of(user)
 }
 
 #[cfg(test)]
@@ -131,8 +143,8 @@ mod tests {
         let user = user("user", 1000, 1000, "/home/user");
         let text = "root:x:0:\nsudo:x:27:admin,user\nuser:x:1000:\ndocker:x:999:user\r\n\
                     other:x:5:username\nbad:x:abc:user\nshort:x:7\nagain:x:27:user\n";
-        assert_eq!(parse_groups(text, &user), vec![1000, 27, 999]);
-        assert_eq!(parse_groups("", &user), vec![1000]);
+        assert_eq!(groups_of(&user, &memberships(text)), vec![1000, 27, 999]);
+        assert_eq!(groups_of(&user, &memberships("")), vec![1000]);
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("group"), "dev:x:50:user\n").unwrap();
         assert_eq!(groups(&dir.path().join("passwd"), &user), vec![1000, 50]);

@@ -77,7 +77,7 @@ fn run(
         _ => None,
     };
     let _as_user = app
-        .as_user(&caller.user)
+        .as_user_with(&caller.user, &caller.owners)
         .map_err(|e| Error::new(Code::Internal, e.to_string()))?;
     Ok(match method {
         "Stat" => call.unary(&ops::stat(
@@ -91,7 +91,7 @@ fn run(
             let (app, call) = (Arc::clone(app), call.clone());
             super::long_calls::run(move || {
                 let listed = app
-                    .as_user(&caller.user)
+                    .as_user_with(&caller.user, &caller.owners)
                     .map_err(|e| Error::new(Code::Internal, e.to_string()))
                     .and_then(|_as_user| ops::list_dir(&caller, &request.path, request.depth));
                 listed.map_or_else(Error::into_response, |answer| call.unary(&answer))
