@@ -536,6 +536,64 @@ fn a_downloaded_tree_uploads_back_byte_for_byte_owned_by_the_user() {
     );
 }
 
+/// `ustar`'s header with `mode` instead of 0644.
+fn ustar_mode(name: &str, flag: u8, size: u64, mode: u32) -> Vec<u8> {
+    let mut b = ustar(name, flag, size, "");
+    b[100..108].copy_from_slice(format!("{mode:07o}\0").as_bytes());
+    b[148..156].fill(b' ');
+    let sum: u32 = b.iter().map(|&x| u32::from(x)).sum();
+    b[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    b
+}
+
+/// Files are made with their mode at once where nobody can reach them yet, and their owner is
+/// changed only where it is not the user's: in a set-group-ID directory (whose group a new file
+/// takes), both into a new directory and into the existing one, every file still ends up the
+/// user's, with the archive's exact mode (none of the daemon's umask).
+#[test]
+fn unpacked_files_are_the_users_with_exact_modes_in_a_set_group_id_directory() {
+    if !root_or_skip("making files owned by another group needs root") {
+        return;
+    }
+    let daemon = builder().arg("--default-user").arg("user").start();
+    let shared = daemon.home().join("shared");
+    fs::create_dir(&shared).unwrap();
+    std::os::unix::fs::chown(&shared, Some(0), Some(777)).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o2777)).unwrap();
+    let modes = [0o777, 0o640, 0o400, 0o000];
+    let mut body = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let data = format!("file {i}");
+        body.extend_from_slice(&ustar_mode(
+            &format!("f{i}"),
+            b'0',
+            data.len() as u64,
+            *mode,
+        ));
+        body.extend_from_slice(data.as_bytes());
+        body.resize(body.len().div_ceil(512) * 512, 0);
+    }
+    body.resize(body.len() + 1024, 0);
+    let dest = shared.join("tree");
+    // Into a new directory, then into it again (it exists: each file beside its place).
+    for round in 0..2 {
+        let reply = upload_tar(&daemon, "PUT", &dest, &[], &body);
+        assert_eq!(reply.status, 200, "round {round}: {}", reply.text());
+        for (i, mode) in modes.iter().enumerate() {
+            let meta = fs::metadata(dest.join(format!("f{i}"))).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+                (USER_UID, USER_GID, *mode),
+                "round {round}, f{i}"
+            );
+            assert_eq!(
+                fs::read(dest.join(format!("f{i}"))).unwrap(),
+                format!("file {i}").as_bytes()
+            );
+        }
+    }
+}
+
 #[test]
 fn a_gnu_tar_archive_uploads_gzipped_by_put_and_a_signed_url() {
     if !have("tar") || !have("diff") {

@@ -12,7 +12,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use crate::fs::error::FsError;
 use crate::sys::dir::Dir;
@@ -141,6 +141,40 @@ pub fn file_record(path: &Path) -> serde_json::Value {
         "name": name,
         "type": "file",
     })
+}
+
+/// The JSON array of [`file_record`]s of `paths`, the same bytes, written straight out: a tar
+/// upload answers thousands, and building a `Value` of each to print it took a tenth of a
+/// 2,600-member upload's time.
+pub fn file_records_json(paths: &[PathBuf]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + paths.len() * 96);
+    out.push(b'[');
+    for (i, path) in paths.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let name = path.file_name().map(|name| name.to_string_lossy());
+        out.extend_from_slice(b"{\"name\":");
+        json_string(&mut out, name.as_deref().unwrap_or(""));
+        out.extend_from_slice(b",\"path\":");
+        json_string(&mut out, &path.to_string_lossy());
+        out.extend_from_slice(b",\"type\":\"file\"}");
+    }
+    out.push(b']');
+    out
+}
+
+/// `text` as a JSON string: as it is between quotes when nothing in it needs escaping (a
+/// path's usual case), else as `serde_json` escapes it.
+fn json_string(out: &mut Vec<u8>, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, text);
+    }
 }
 
 #[cfg(test)]
@@ -356,5 +390,27 @@ mod tests {
             file_record(Path::new("/a b/ünï.txt")).to_string(),
             r#"{"name":"ünï.txt","path":"/a b/ünï.txt","type":"file"}"#
         );
+    }
+
+    #[test]
+    fn records_written_straight_are_the_records_printed() {
+        use std::os::unix::ffi::OsStrExt;
+        let paths: Vec<PathBuf> = [
+            &b"/home/user/a.txt"[..],
+            b"/a b/\xc3\xbcn\"q\\.txt",
+            b"/bad/\xff\xfe",
+            b"/",
+            b"/tab\there/\x01",
+        ]
+        .iter()
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+        .collect();
+        let printed =
+            serde_json::Value::Array(paths.iter().map(|p| file_record(p)).collect()).to_string();
+        assert_eq!(
+            String::from_utf8(file_records_json(&paths)).unwrap(),
+            printed
+        );
+        assert_eq!(file_records_json(&[]), b"[]");
     }
 }

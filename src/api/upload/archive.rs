@@ -76,14 +76,7 @@ impl BodySink for TarUpload {
             return ApiError::internal("the archive was placed twice").into();
         };
         match unpack.commit() {
-            Ok(paths) => {
-                let records: Vec<serde_json::Value> =
-                    paths.iter().map(|p| dirs::file_record(p)).collect();
-                Response::json(
-                    200,
-                    serde_json::Value::Array(records).to_string().into_bytes(),
-                )
-            }
+            Ok(paths) => Response::json(200, dirs::file_records_json(&paths)),
             Err(e) => ApiError::from(e).into(),
         }
     }

@@ -93,6 +93,8 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
     if tar {
+        // Before any switch to the user: a thread takes its creator's credentials.
+        crate::fs::writeback::start();
         let resolver = app.resolver(query.get("username"))?;
         let identity = app.identity(&resolver.user);
         let sink = {
@@ -235,6 +237,9 @@ fn check_target(path: &Path) -> Result<(), ApiError> {
 
 /// The 200 answer: one entry per file written, with its metadata when there is any.
 fn written(paths: &[PathBuf], metadata: &UserMetadata) -> Response {
+    if metadata.is_empty() {
+        return Response::json(200, dirs::file_records_json(paths));
+    }
     let record = |path: &PathBuf| {
         let mut record = dirs::file_record(path);
         if let Some(fields) = record.as_object_mut().filter(|_| !metadata.is_empty()) {

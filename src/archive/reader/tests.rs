@@ -149,6 +149,36 @@ fn a_wrong_checksum_or_field_is_an_error_naming_the_offset() {
     );
 }
 
+/// Old writers summed the header's bytes as signed: a name with bytes over 127 makes the two
+/// sums differ, and either is taken; any other value is not.
+#[test]
+fn a_checksum_summed_signed_or_unsigned_is_taken() {
+    let header = |signed: bool, off_by: i64| {
+        let mut b = [0u8; 512];
+        b[..5].copy_from_slice(b"\xc3\xa9t\xc3\xa9");
+        b[100..108].copy_from_slice(b"0000644\0");
+        b[124..136].copy_from_slice(b"00000000000\0");
+        b[257..263].copy_from_slice(b"ustar\0");
+        b[148..156].fill(b' ');
+        let sum: i64 = if signed {
+            b.iter().map(|&x| i64::from(x.cast_signed())).sum()
+        } else {
+            b.iter().map(|&x| i64::from(x)).sum()
+        };
+        b[148..155].copy_from_slice(format!("{:06o}\0", sum + off_by).as_bytes());
+        let mut archive = b.to_vec();
+        archive.extend_from_slice(&[0u8; 1024]);
+        archive
+    };
+    for signed in [false, true] {
+        assert!(read(&header(signed, 0), 512).is_ok(), "signed: {signed}");
+        assert_eq!(
+            read(&header(signed, 1), 512).unwrap_err(),
+            TarError::Checksum { offset: 0 }
+        );
+    }
+}
+
 /// A header block with the checksum made right after the caller filled it.
 fn raw_header(fill: impl FnOnce(&mut [u8; 512])) -> [u8; 512] {
     let mut b = [0u8; 512];

@@ -31,7 +31,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::{File, FileTimes};
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -121,7 +121,9 @@ enum Placement {
 /// The file whose data is arriving.
 struct Writing {
     file: File,
+    /// Its permission bits, and whether it was made with them already.
     mode: u32,
+    mode_set: bool,
     mtime: (i64, u32),
     path: PathBuf,
 }
@@ -342,7 +344,15 @@ impl Unpack {
         };
         let is_file = match member.what {
             What::File => {
-                let file = dir.create_file(&on_disk, 0o600).map_err(fail)?;
+                // Under a temporary name in an existing directory it is the daemon's alone
+                // (0600) until the commit; in a new tree nobody can reach it, so it is made
+                // with its mode at once.
+                let mode = if parent_new {
+                    member.mode & 0o777
+                } else {
+                    0o600
+                };
+                let file = dir.create_file(&on_disk, mode).map_err(fail)?;
                 // Recorded at once, so that a failure from here on removes it.
                 self.record(
                     &rel,
@@ -353,14 +363,22 @@ impl Unpack {
                     true,
                     parent_new,
                 );
-                std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid)).map_err(fail)?;
+                // The owner and mode it got (the umask, a default ACL or a set-group-ID
+                // directory have their say): changed only where they are not the member's, as
+                // a change costs a journalled inode update and a look costs none.
+                let made = file.metadata().map_err(fail)?;
+                if (made.uid(), made.gid()) != (self.uid, self.gid) {
+                    std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid))
+                        .map_err(fail)?;
+                }
                 // A new file (O_EXCL) has no attributes to remove: nothing to do without any.
                 if !member.metadata.is_empty() {
                     member.metadata.apply(&file, &path)?;
                 }
                 self.writing = Some(Writing {
                     file,
-                    mode: member.mode,
+                    mode: member.mode & 0o777,
+                    mode_set: made.mode() & 0o7777 == member.mode & 0o777,
                     mtime: member.mtime,
                     path: path.clone(),
                 });
@@ -442,15 +460,19 @@ impl Unpack {
             return Ok(());
         };
         let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", writing.path.display()));
-        let mode = writing.mode & 0o777;
-        writing
-            .file
-            .set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(fail)?;
+        if !writing.mode_set {
+            writing
+                .file
+                .set_permissions(std::fs::Permissions::from_mode(writing.mode))
+                .map_err(fail)?;
+        }
         let time = system_time(writing.mtime);
         writing
             .file
             .set_times(FileTimes::new().set_accessed(time).set_modified(time))
-            .map_err(fail)
+            .map_err(fail)?;
+        // The commit's `syncfs` then waits for writes started while the rest arrived.
+        crate::fs::writeback::hand_over(writing.file);
+        Ok(())
     }
 }
