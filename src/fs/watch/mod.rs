@@ -4,8 +4,9 @@
 //! A watch is a root directory (and, recursively, every directory below it) and a [`Sink`]: its
 //! owner's side, told each [`Change`] and ticked when it asks for a moment (a keep-alive, a
 //! deadline, an expiry). The [`Hub`] owns the watches, each with its inotify descriptor and its
-//! table of watched directories (`table`), and the meaning of events (`ops`, `state`). Connect, streams and
-//! event buffers are the owner's business (`api::filesystem::watch`).
+//! table of watched directories (`table`), the meaning of events (`ops`, `state`) and the walk
+//! that adds a directory tree (`tree`). Connect, streams and event buffers are the owner's
+//! business (`api::filesystem::watch`).
 //!
 //! **The watcher thread** waits in `poll(2)` on every watch's inotify descriptor and on an
 //! eventfd, with
@@ -32,6 +33,7 @@ pub mod carry;
 pub mod ops;
 mod state;
 mod table;
+mod tree;
 
 use std::fmt;
 use std::io;
@@ -44,8 +46,9 @@ use crate::log;
 use crate::sys::inotify::{self, Inotify};
 use crate::sys::poll::{poll_readable, EventFd};
 pub use ops::Op;
-use state::{add_tree, lock, Locked, State, Tree};
+use state::{lock, State};
 pub use table::WatchId;
+use tree::{add_tree, Locked, Tree};
 
 /// Bytes read from the inotify descriptor at a time (fsnotify reads 64 KiB too).
 const READ_BUFFER: usize = 64 << 10;

@@ -293,7 +293,7 @@ fn an_overflowed_queue_ends_its_own_watch_only() {
             next: None,
         };
         let id = state.insert(dir.path(), false, Box::new(sink), Inotify::new().unwrap());
-        let tree = state::Tree {
+        let tree = tree::Tree {
             watch: id,
             abs: dir.path(),
             rel: Path::new(""),
@@ -301,7 +301,7 @@ fn an_overflowed_queue_ends_its_own_watch_only() {
             announce: false,
             strict: true,
         };
-        state::add_tree(&mut state, &tree).unwrap();
+        tree::add_tree(&mut state, &tree).unwrap();
         seen.push(watched);
         ids.push(id);
     }
