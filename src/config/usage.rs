@@ -110,7 +110,7 @@ fn push_line(line: &str, out: &mut String) {
 mod tests {
     use super::*;
 
-    const BEGIN: &str = "<!-- options:begin: generated from src/config/options.rs; \
+    const BEGIN: &str = "<!-- options:begin: generated from src/config/options/; \
         UPDATE_README=1 cargo test --lib readme_configuration_table rewrites it -->\n";
     const END: &str = "<!-- options:end -->";
 
@@ -133,7 +133,7 @@ mod tests {
         }
         panic!(
             "README.md's configuration table differs from the option table in \
-             src/config/options.rs. Rewrite it with\n  \
+             src/config/options/. Rewrite it with\n  \
              UPDATE_README=1 cargo test --lib readme_configuration_table\n\
              Expected between the markers:\n{expected}"
         );
