@@ -204,13 +204,13 @@ impl Conn {
         }
     }
 
-    /// True between requests with nothing received: closing it loses nothing.
     /// Waiting for the head of its first request, or reading a head: a request may be on its
     /// way that no answer has been promised to yet.
     pub(crate) fn awaits_head(&self) -> bool {
         matches!(self.phase, Phase::Head { .. })
     }
 
+    /// True between requests with nothing received: closing it loses nothing.
     pub(crate) fn is_idle(&self) -> bool {
         matches!(self.phase, Phase::Idle { .. })
             || matches!(self.phase, Phase::Head { .. } if self.inbuf.is_empty())

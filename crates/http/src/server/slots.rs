@@ -152,7 +152,6 @@ impl Slots {
         evicted
     }
 
-    /// Removes the idle connection parked longest, to free a descriptor.
     /// Whether a connection is with a worker or parked waiting for (or reading) a head.
     pub(super) fn any_awaiting_head(&self) -> bool {
         self.entries.iter().any(|slot| match &slot.state {
@@ -162,6 +161,7 @@ impl Slots {
         })
     }
 
+    /// Removes the idle connection parked longest, to free a descriptor.
     pub(super) fn close_oldest_idle(&mut self) -> Option<Connection> {
         let oldest = self
             .entries
