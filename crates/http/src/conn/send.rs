@@ -1,0 +1,221 @@
+//! Writing an answer until the peer takes no more: the head and an in-memory body from a
+//! buffer, a file with `sendfile`, a stream as its producer yields it (chunked or not); parked
+//! for writability in between, closed after the send timeout without progress, and logged once
+//! out (or cut short).
+
+use std::fs::File;
+use std::io;
+use std::time::Instant;
+
+use super::after::After;
+use super::{log, Conn, Context, Exchange, Io, Phase, Step, Wait, TURN_BYTES};
+use crate::handler::Handler;
+use crate::stream::{Poll, StreamSource};
+
+/// Most bytes one `sendfile` call is asked for.
+const SENDFILE_CHUNK: usize = 1 << 20;
+
+/// A small answer's facts while its bytes are in the worker's buffer.
+pub(super) struct Reply {
+    pub(super) exchange: Exchange,
+    pub(super) status: u16,
+    pub(super) body_bytes: u64,
+    pub(super) after: After,
+}
+
+pub(super) struct Sending {
+    pub(super) exchange: Exchange,
+    pub(super) status: u16,
+    pub(super) out: Vec<u8>,
+    pub(super) sent: usize,
+    pub(super) body: Outgoing,
+    pub(super) body_bytes: u64,
+    pub(super) last_progress: Instant,
+    pub(super) after: After,
+}
+
+pub(super) enum Outgoing {
+    None,
+    File { file: File, offset: u64, end: u64 },
+    Stream { source: StreamSource, chunked: bool },
+}
+
+impl Conn {
+    pub(super) fn send<H: Handler>(&mut self, io: &mut impl Io, cx: &mut Context<'_, H>) -> Step {
+        let Phase::Send(sending) = &mut self.phase else {
+            return Step::Close;
+        };
+        let mut turn = 0u64;
+        loop {
+            if sending.sent < sending.out.len() {
+                let more = matches!(sending.body, Outgoing::File { .. });
+                match io.send(&sending.out[sending.sent..], more) {
+                    Ok(n) => {
+                        sending.sent += n;
+                        sending.last_progress = cx.now;
+                    }
+                    Err(e) => match sending.blocked(e, cx) {
+                        Some(step) => return self.send_stopped(step, cx),
+                        None => continue,
+                    },
+                }
+                continue;
+            }
+            sending.out.clear();
+            sending.sent = 0;
+            if turn >= TURN_BYTES {
+                return Step::Wait(Wait::Write, Some(cx.now + cx.limits.send_timeout));
+            }
+            match &mut sending.body {
+                Outgoing::None => return self.sent(cx),
+                Outgoing::File { file, offset, end } => {
+                    if *offset >= *end {
+                        sending.body = Outgoing::None;
+                        continue;
+                    }
+                    let count = usize::try_from(*end - *offset)
+                        .unwrap_or(usize::MAX)
+                        .min(SENDFILE_CHUNK);
+                    match io.sendfile(file, offset, count) {
+                        // The file shrank: the promised length cannot be sent honestly.
+                        Ok(0) => return self.send_stopped(Step::Close, cx),
+                        Ok(n) => {
+                            sending.body_bytes += n as u64;
+                            turn += n as u64;
+                            sending.last_progress = cx.now;
+                        }
+                        Err(e) => {
+                            if let Some(step) = sending.blocked(e, cx) {
+                                return self.send_stopped(step, cx);
+                            }
+                        }
+                    }
+                }
+                Outgoing::Stream { source, chunked } => {
+                    let chunked = *chunked;
+                    match source.poll(cx.waker) {
+                        Poll::Data(bytes) => {
+                            sending.body_bytes += bytes.len() as u64;
+                            turn += bytes.len() as u64;
+                            if chunked {
+                                let _ = std::io::Write::write_fmt(
+                                    &mut sending.out,
+                                    format_args!("{:x}\r\n", bytes.len()),
+                                );
+                                sending.out.extend_from_slice(&bytes);
+                                sending.out.extend_from_slice(b"\r\n");
+                                // Copied: its allocation goes back to the queue, which then
+                                // does not grow anew for every batch.
+                                source.recycle(bytes);
+                            } else {
+                                sending.out = bytes;
+                            }
+                        }
+                        // Woken by the peer leaving rather than by the producer: closed, so
+                        // the producer learns it (`SendError::Closed`, `is_closed`) even while
+                        // it has nothing to send; parked again, the hang-up would wake it at once.
+                        Poll::Pending if io.hung_up() => return self.send_stopped(Step::Close, cx),
+                        Poll::Pending => return Step::Wait(Wait::Producer, None),
+                        Poll::Finished => {
+                            sending.body = Outgoing::None;
+                            if chunked {
+                                sending.out.extend_from_slice(b"0\r\n\r\n");
+                            }
+                        }
+                        Poll::Aborted => return self.send_stopped(Step::Close, cx),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends the answer waiting in the worker's buffer. What the peer cannot take now moves to
+    /// a [`Sending`] of the connection's own, as the buffer stays with the worker.
+    pub(super) fn reply<H: Handler>(
+        &mut self,
+        reply: Reply,
+        io: &mut impl Io,
+        cx: &mut Context<'_, H>,
+    ) -> Step {
+        let mut sent = 0;
+        let error = loop {
+            match io.send(&cx.out[sent..], false) {
+                Ok(n) => {
+                    sent += n;
+                    if sent == cx.out.len() {
+                        cx.out.clear();
+                        let Reply {
+                            exchange,
+                            status,
+                            body_bytes,
+                            after,
+                        } = reply;
+                        return self.answered(exchange, status, body_bytes, after, cx);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break e,
+            }
+        };
+        let rest = cx.out[sent..].to_vec();
+        cx.out.clear();
+        self.phase = Phase::Send(Box::new(Sending {
+            exchange: reply.exchange,
+            status: reply.status,
+            body_bytes: reply.body_bytes,
+            out: rest,
+            sent: 0,
+            body: Outgoing::None,
+            last_progress: cx.now,
+            after: reply.after,
+        }));
+        let Phase::Send(sending) = &self.phase else {
+            return Step::Close;
+        };
+        match sending.blocked(error, cx) {
+            Some(step) => self.send_stopped(step, cx),
+            None => Step::Continue,
+        }
+    }
+
+    /// The answer is out: log it and go on as `after` says.
+    fn sent<H: Handler>(&mut self, cx: &mut Context<'_, H>) -> Step {
+        let Phase::Send(sending) = std::mem::replace(&mut self.phase, Phase::Closed) else {
+            return Step::Close;
+        };
+        let Sending {
+            exchange,
+            status,
+            body_bytes,
+            after,
+            ..
+        } = *sending;
+        self.answered(exchange, status, body_bytes, after, cx)
+    }
+
+    /// Sending stopped early (`step` is a wait or a close): a close is logged with what was sent.
+    fn send_stopped<H: Handler>(&mut self, step: Step, cx: &mut Context<'_, H>) -> Step {
+        if let (Step::Close, Phase::Send(sending)) = (&step, &self.phase) {
+            log(cx, &sending.exchange, sending.status, sending.body_bytes);
+        }
+        step
+    }
+}
+
+impl Sending {
+    /// A send that could not proceed: `None` to retry, else what to do.
+    fn blocked<H: Handler>(&self, error: io::Error, cx: &Context<'_, H>) -> Option<Step> {
+        match error.kind() {
+            io::ErrorKind::Interrupted => None,
+            io::ErrorKind::WouldBlock => {
+                let deadline = self.last_progress + cx.limits.send_timeout;
+                Some(if cx.now < deadline {
+                    Step::Wait(Wait::Write, Some(deadline))
+                } else {
+                    Step::Close
+                })
+            }
+            _ => Some(Step::Close),
+        }
+    }
+}

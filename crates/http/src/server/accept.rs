@@ -1,0 +1,90 @@
+//! Accepting connections: a new one is run at once by the worker that accepted it. Accept
+//! errors never stop the server: one that concerns an aborted connection is ignored, running
+//! out of descriptors closes the oldest idle connection, and anything else pauses accepting
+//! for a moment (the timekeeper resumes it).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::worker::Worker;
+use super::{lock, Connection, Shared, LISTENER, WANT_IN};
+use crate::conn::Conn;
+use crate::handler::Handler;
+
+/// Pause after an accept error that closing an idle connection could not cure.
+pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+impl<H: Handler> Shared<H> {
+    pub(super) fn accept(&self, worker: &mut Worker) {
+        let accepted = {
+            let listener = lock(&self.listener);
+            let Some(listener) = listener.as_ref() else {
+                return;
+            };
+            let accepted = listener.accept();
+            // Re-armed at once unless accepting itself failed (then: below).
+            if accepted.as_ref().map_or_else(is_transient, |_| true) {
+                let _ = self.epoll.modify(listener.as_raw_fd(), LISTENER, WANT_IN);
+            }
+            accepted
+        };
+        match accepted {
+            Ok((socket, _)) => {
+                self.accept_error_logged.store(false, Ordering::Relaxed);
+                if socket.set_nonblocking(true).is_err() {
+                    return;
+                }
+                // Without TCP_NODELAY small answers wait for delayed ACKs (40 ms).
+                let _ = socket.set_nodelay(true);
+                let connection = Connection {
+                    socket,
+                    conn: Conn::new(Instant::now() + self.limits.header_timeout),
+                    registered: false,
+                };
+                let token = lock(&self.slots).reserve();
+                self.drive(token, connection, worker);
+            }
+            Err(e) if is_transient(&e) => {}
+            Err(e) => {
+                if !self.accept_error_logged.swap(true, Ordering::Relaxed) {
+                    self.handler
+                        .notice(format_args!("accept failed: {e}; retrying"));
+                }
+                let freed = is_resource_exhaustion(&e) && {
+                    let closed = lock(&self.slots).close_oldest_idle();
+                    closed.is_some()
+                };
+                if freed {
+                    self.rearm_listener();
+                } else {
+                    *lock(&self.accept_paused_until) = Some(Instant::now() + ACCEPT_BACKOFF);
+                    self.timekeeper.notify_all();
+                }
+            }
+        }
+    }
+
+    pub(super) fn rearm_listener(&self) {
+        if let Some(listener) = lock(&self.listener).as_ref() {
+            let _ = self.epoll.modify(listener.as_raw_fd(), LISTENER, WANT_IN);
+        }
+    }
+}
+
+/// Errors that concern one aborted connection, not the listener.
+fn is_transient(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::WouldBlock
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM)
+        )
+}
+
+fn is_resource_exhaustion(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
