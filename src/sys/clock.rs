@@ -12,8 +12,11 @@ use super::check;
 pub fn set_realtime(unix_nanos: i128) -> io::Result<()> {
     const NANOS: i128 = 1_000_000_000;
     let out_of_range = || io::Error::new(io::ErrorKind::InvalidInput, "time out of range");
-    let tv_sec =
-        libc::time_t::try_from(unix_nanos.div_euclid(NANOS)).map_err(|_| out_of_range())?;
+    // `timespec::tv_sec`'s own type (libc's `time_t`, deprecated by name on musl).
+    let tv_sec = unix_nanos
+        .div_euclid(NANOS)
+        .try_into()
+        .map_err(|_| out_of_range())?;
     let tv_nsec =
         libc::c_long::try_from(unix_nanos.rem_euclid(NANOS)).map_err(|_| out_of_range())?;
     if cfg!(test) {
