@@ -673,3 +673,55 @@ fn archives_are_read_and_written_with_the_users_rights() {
     assert!(!locked.join("new").exists());
     assert!(common::temporaries(&locked).is_empty());
 }
+
+/// A read-only file with `user.e2b.*` metadata unpacked into a new directory: its metadata is
+/// set while the user may still write it, with the option as without.
+#[test]
+fn a_read_only_file_with_metadata_unpacks_as_the_user() {
+    if !root_or_fail() {
+        return;
+    }
+    fn header(name: &str, flag: u8, size: usize, mode: &[u8; 8]) -> Vec<u8> {
+        let mut b = vec![0u8; 512];
+        b[..name.len()].copy_from_slice(name.as_bytes());
+        b[100..108].copy_from_slice(mode);
+        b[108..116].copy_from_slice(b"0000000\0");
+        b[116..124].copy_from_slice(b"0000000\0");
+        b[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+        b[136..148].copy_from_slice(b"14524770400\0");
+        b[156] = flag;
+        b[257..265].copy_from_slice(b"ustar\x0000");
+        b[148..156].fill(b' ');
+        let sum: u32 = b.iter().map(|&x| u32::from(x)).sum();
+        b[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        b
+    }
+    let record = "SCHILY.xattr.user.e2b.k=v\n";
+    let record = format!("{} {record}", record.len() + 3);
+    let mut body = header("pax", b'x', record.len(), b"0000644\0");
+    body.extend_from_slice(record.as_bytes());
+    body.resize(body.len().div_ceil(512) * 512, 0);
+    body.extend_from_slice(&header("f", b'0', 1, b"0000444\0"));
+    body.push(b'x');
+    body.resize(body.len().div_ceil(512) * 512 + 1024, 0);
+    for on in [false, true] {
+        let (daemon, _) = start(on);
+        let dest = daemon.home().join("newtree");
+        let reply = daemon.call_with(
+            "PUT",
+            &format!(
+                "/files?path={}&format=tar&username=user",
+                enc(&dest.to_string_lossy())
+            ),
+            &[("X-Access-Token", TOKEN)],
+            &body,
+        );
+        assert_eq!(reply.status, 200, "--fs-as-user {on}: {}", reply.text());
+        let meta = fs::metadata(dest.join("f")).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o444, "--fs-as-user {on}");
+        assert_eq!(
+            xattr::get(dest.join("f"), "user.e2b.k").unwrap(),
+            Some(b"v".to_vec())
+        );
+    }
+}

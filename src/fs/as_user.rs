@@ -109,38 +109,22 @@ pub struct AsUser {
 
 impl Drop for AsUser {
     /// Restores fsuid first (which gives back the filesystem capabilities), then fsgid; the
-    /// groups stay (module documentation). Going back to the process's effective ids cannot
-    /// fail (`creds::reset_fsuid`) and is not read back; any other saved id (a nested switch)
-    /// is checked, and a thread left with a user's credentials would serve the next request
-    /// with them, so a failure there aborts the daemon.
+    /// groups stay (module documentation). Each is read back: the kernel's `setfsuid` changes
+    /// nothing, silently, when it cannot allocate the new credentials or a security module
+    /// refuses, and a thread left with a user's credentials would serve the next request with
+    /// them, so a failure aborts the daemon.
     fn drop(&mut self) {
-        let (euid, egid) = creds::effective_ids();
-        let restored = restore(self.saved.uid, euid, creds::reset_fsuid, creds::set_fsuid)
-            .and_then(|()| restore(self.saved.gid, egid, creds::reset_fsgid, creds::set_fsgid));
+        let saved = &self.saved;
+        let restored = saved
+            .uid
+            .map_or(Ok(0), creds::set_fsuid)
+            .and_then(|_| saved.gid.map_or(Ok(0), creds::set_fsgid));
         if let Err(error) = restored {
             log::line(format_args!(
                 "fatal: cannot restore the daemon's own filesystem credentials: {error}"
             ));
             std::process::abort();
         }
-    }
-}
-
-/// Sets one id back to `saved` (`None`: it was not changed): unchecked when it is the
-/// process's own (`own`), checked otherwise.
-fn restore(
-    saved: Option<u32>,
-    own: u32,
-    reset: fn(),
-    set: fn(u32) -> io::Result<u32>,
-) -> io::Result<()> {
-    match saved {
-        None => Ok(()),
-        Some(id) if id == own => {
-            reset();
-            Ok(())
-        }
-        Some(id) => set(id).map(drop),
     }
 }
 
@@ -279,8 +263,8 @@ mod tests {
         }
     }
 
-    /// As root: a switch inside a switch gives back the outer user's ids (the checked path),
-    /// then the outer guard gives back the process's own (the unchecked one).
+    /// As root: a switch inside a switch gives back the outer user's ids, then the outer guard
+    /// gives back the thread's own.
     #[test]
     fn nested_switches_restore_in_order() {
         if !is_root() {
@@ -291,8 +275,7 @@ mod tests {
             return;
         }
         std::thread::spawn(|| {
-            let own = creds::effective_ids();
-            assert_eq!((creds::fsuid(), creds::fsgid()), own);
+            let own = (creds::fsuid(), creds::fsgid());
             let outer = identity().enter().unwrap();
             {
                 let other = Identity {

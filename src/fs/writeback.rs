@@ -19,18 +19,29 @@ use crate::sys::file::start_writeback;
 /// slow device holds at most this many descriptors.
 const QUEUE: usize = 256;
 
-static THREAD: OnceLock<Option<SyncSender<File>>> = OnceLock::new();
+/// What the thread is given: a file, or a request to say when everything before it is done.
+enum Item {
+    File(File),
+    Drained(SyncSender<()>),
+}
+
+static THREAD: OnceLock<Option<SyncSender<Item>>> = OnceLock::new();
 
 /// Starts the thread, if it has not started (once; a failure to start leaves the work to the
 /// workers).
 pub fn start() {
     THREAD.get_or_init(|| {
-        let (queue, files) = mpsc::sync_channel::<File>(QUEUE);
+        let (queue, files) = mpsc::sync_channel::<Item>(QUEUE);
         std::thread::Builder::new()
             .name("writeback".into())
             .spawn(move || {
-                for file in files {
-                    start_writeback(&file);
+                for item in files {
+                    match item {
+                        Item::File(file) => start_writeback(&file),
+                        Item::Drained(done) => {
+                            let _ = done.send(());
+                        }
+                    }
                 }
             })
             .ok()
@@ -41,13 +52,28 @@ pub fn start() {
 /// Starts `file`'s writeback and closes it: on the thread when it can take it now, else here.
 pub fn hand_over(file: File) {
     let file = match THREAD.get() {
-        Some(Some(queue)) => match queue.try_send(file) {
+        Some(Some(queue)) => match queue.try_send(Item::File(file)) {
             Ok(()) => return,
-            Err(TrySendError::Full(file) | TrySendError::Disconnected(file)) => file,
+            Err(TrySendError::Full(item) | TrySendError::Disconnected(item)) => match item {
+                Item::File(file) => file,
+                Item::Drained(_) => return,
+            },
         },
         _ => file,
     };
     start_writeback(&file);
+}
+
+/// Waits until every file handed over so far is closed: an upload answers only then, so no
+/// file it made is still open for writing (`execve` of it would fail with `ETXTBSY`).
+pub fn drain() {
+    let Some(Some(queue)) = THREAD.get() else {
+        return;
+    };
+    let (done, wait) = mpsc::sync_channel(1);
+    if queue.send(Item::Drained(done)).is_ok() {
+        let _ = wait.recv();
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +90,7 @@ mod tests {
             file.write_all(format!("file {i}").as_bytes()).unwrap();
             hand_over(file);
         }
+        drain();
         for i in 0..(QUEUE * 2) {
             let got = std::fs::read_to_string(dir.path().join(format!("f{i}"))).unwrap();
             assert_eq!(got, format!("file {i}"));

@@ -55,28 +55,6 @@ pub fn set_fsgid(gid: u32) -> io::Result<u32> {
     }
 }
 
-/// Sets the calling thread's fsuid back to the process's effective uid, unchecked: the kernel
-/// lets a thread set its fsuid to its euid whatever its capabilities (`setfsuid(2)`), and the
-/// daemon never changes its own euid, so this cannot fail and reading it back would only cost a
-/// system call on every request.
-pub fn reset_fsuid() {
-    // SAFETY: setfsuid takes a plain integer and only changes the calling thread.
-    unsafe { libc::syscall(libc::SYS_setfsuid, effective_ids().0) };
-}
-
-/// [`reset_fsuid`] for the fsgid and the effective gid.
-pub fn reset_fsgid() {
-    // SAFETY: as in `reset_fsuid`.
-    unsafe { libc::syscall(libc::SYS_setfsgid, effective_ids().1) };
-}
-
-/// The process's effective uid and gid, read once (the daemon never changes them).
-pub fn effective_ids() -> (u32, u32) {
-    static IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
-    // SAFETY: geteuid and getegid take nothing and cannot fail.
-    *IDS.get_or_init(|| unsafe { (libc::geteuid(), libc::getegid()) })
-}
-
 /// Sets the calling thread's supplementary groups (the raw call: the calling thread only).
 pub fn set_groups(groups: &[u32]) -> io::Result<()> {
     if groups.len() > MAX_GROUPS {

@@ -27,6 +27,8 @@ impl Unpack {
     /// regular file written, in the archive's order.
     pub fn commit(mut self) -> Result<Vec<PathBuf>, FsError> {
         self.finish_file()?;
+        // Every file of the tree closed before it is placed and the answer goes.
+        crate::fs::writeback::drain();
         self.restore_new_dirs()?;
         self.root
             .sync_filesystem()

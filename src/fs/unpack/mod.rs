@@ -347,11 +347,12 @@ impl Unpack {
                 // Under a temporary name in an existing directory it is the daemon's alone
                 // (0600) until the commit; in a new tree nobody can reach it, so it is made
                 // with its mode at once.
-                let mode = if parent_new {
-                    member.mode & 0o777
-                } else {
-                    0o600
-                };
+                // Not when its mode lacks the owner's write bit and it has metadata to set:
+                // setting a `user.*` attribute needs write permission on the file, which a
+                // user (`--fs-as-user`) only has through its mode.
+                let at_once =
+                    parent_new && (member.metadata.is_empty() || member.mode & 0o200 != 0);
+                let mode = if at_once { member.mode & 0o777 } else { 0o600 };
                 let file = dir.create_file(&on_disk, mode).map_err(fail)?;
                 // Recorded at once, so that a failure from here on removes it.
                 self.record(
