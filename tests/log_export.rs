@@ -264,11 +264,13 @@ fn lines_not_yet_sent_cross_a_live_upgrade() {
     let address = format!("http://{}/logs", collector.addr);
     mmds.set(|state| state.metadata["address"] = json!(address));
     assert_eq!(daemon.call("POST", "/init", b"{}").status, 204);
-    let lines = collector.lines_with(|line| line.to_string().contains("marker-before-the-upgrade"));
+    // One line a POST, sent in order: once the new image's own line is in, so is every line
+    // queued before the upgrade.
+    let lines = collector.lines_with(|line| line.to_string().contains("upgrade: took back"));
     assert!(
         lines
             .iter()
-            .any(|l| l.to_string().contains("upgrade: took back")),
+            .any(|l| l.to_string().contains("marker-before-the-upgrade")),
         "{lines:?}"
     );
 }
