@@ -594,6 +594,47 @@ fn unpacked_files_are_the_users_with_exact_modes_in_a_set_group_id_directory() {
     }
 }
 
+/// One block of data no filesystem holds by chance: a line naming `what`, this process and
+/// this moment, repeated to 4 KiB.
+fn marker_block(what: &str) -> Vec<u8> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let line = format!("sandboxd {what} {} {nanos}\n", std::process::id());
+    line.bytes().cycle().take(4096).collect()
+}
+
+/// Whether `block` reached the image's device: a file's data starts on a block boundary (of
+/// 1 KiB on a small ext4 image).
+fn on_device(image: &Path, block: &[u8]) -> bool {
+    let bytes = fs::read(image).unwrap();
+    (0..bytes.len())
+        .step_by(1024)
+        .any(|at| bytes[at..].starts_with(block))
+}
+
+#[test]
+fn an_archive_that_replaces_a_file_is_on_the_device_when_answered() {
+    let Some(image) = crate::common::image::Ext4Image::make() else {
+        return;
+    };
+    let daemon = builder().start();
+    let dest = image.mount.join("tree");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join("a.txt"), b"old").unwrap();
+    let new = marker_block("replacing");
+    let added = marker_block("added beside");
+    let body = archive(&[("a.txt", b'0', &new, ""), ("b.txt", b'0', &added, "")]);
+    let reply = upload_tar(&daemon, "PUT", &dest, &[], &body);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(fs::read(dest.join("a.txt")).unwrap(), new);
+    // The old data is replaced only once the new is on the device (one `syncfs`), and so is
+    // everything else of the upload: without it, ext4 would not have allocated the blocks yet.
+    assert!(on_device(&image.image, &new), "the replacing file's data");
+    assert!(on_device(&image.image, &added), "the new file beside it");
+}
+
 #[test]
 fn a_gnu_tar_archive_uploads_gzipped_by_put_and_a_signed_url() {
     if !have("tar") || !have("diff") {

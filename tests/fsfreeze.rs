@@ -4,69 +4,14 @@
 //! (an upload already under way included) and `/health` answers; after the thaw they succeed.
 
 use std::io::{BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::common::connect::unary;
+use crate::common::image::Ext4Image;
 use crate::common::*;
-
-/// An ext4 filesystem in a file, loop-mounted at `mount`.
-struct Ext4Image {
-    mount: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Ext4Image {
-    /// `None` (skipped) without root, unless `SANDBOXD_REQUIRE_ROOT_TESTS=1`.
-    fn make() -> Option<Ext4Image> {
-        if !root_or_skip("mounting a loop image needs root") {
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("fs.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
-        let made = Command::new("mkfs.ext4")
-            .args(["-q", "-F"])
-            .arg(&image)
-            .status()
-            .expect("mkfs.ext4 (e2fsprogs) on the test machine");
-        assert!(made.success(), "mkfs.ext4");
-        let mount = dir.path().join("mnt");
-        std::fs::create_dir(&mount).unwrap();
-        let mounted = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(&mount)
-            .status()
-            .unwrap();
-        assert!(mounted.success(), "mount -o loop");
-        Some(Ext4Image { mount, _dir: dir })
-    }
-}
-
-impl Drop for Ext4Image {
-    fn drop(&mut self) {
-        // Thawed first (an error when it is not frozen, which is the usual case).
-        let _ = Command::new("fsfreeze")
-            .arg("-u")
-            .arg(&self.mount)
-            .stderr(std::process::Stdio::null())
-            .status();
-        let ok = Command::new("umount")
-            .arg(&self.mount)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        }
-    }
-}
 
 fn daemon_on(image: &Ext4Image, args: &[&str]) -> Daemon {
     builder()

@@ -4,9 +4,7 @@
 //! [`Dir::link_file`](super::dir::Dir::link_file)); deciding when to use them, and what to do
 //! where the filesystem or the kernel cannot, is `fs::atomic`'s.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 /// Whether the error of an `O_TMPFILE` open means "no `O_TMPFILE` here" (the filesystem does not
@@ -23,16 +21,6 @@ pub fn unnamed_unsupported(err: &io::Error) -> bool {
 /// Whether this process can name unnamed files: `/proc/self/fd` is there.
 pub fn can_link_unnamed() -> bool {
     Path::new("/proc/self/fd").is_dir()
-}
-
-/// Starts writing `file`'s dirty pages to its device without waiting for them
-/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): a later `fsync` or `syncfs` then waits for
-/// writes already under way instead of starting them all at once. A hint: it makes nothing
-/// durable (no metadata, no device cache flush), and its failure changes nothing.
-pub fn start_writeback(file: &File) {
-    // SAFETY: plain call on a descriptor `file` keeps open; offset 0 and length 0 mean the
-    // whole file, and the call only starts I/O.
-    unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod connect;
+pub mod image;
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};

@@ -93,8 +93,6 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
     if tar {
-        // Before any switch to the user: a thread takes its creator's credentials.
-        crate::fs::writeback::start();
         let resolver = app.resolver(query.get("username"))?;
         let identity = app.identity(&resolver.user);
         let sink = {

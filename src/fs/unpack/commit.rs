@@ -1,5 +1,6 @@
-//! The end of an unpack: new directories given their metadata, the staged tree made durable,
-//! everything renamed into place; or, for an unpack dropped before that, everything removed.
+//! The end of an unpack: new directories given their metadata, the staged tree made durable
+//! when it replaces anything, everything renamed into place; or, for an unpack dropped before
+//! that, everything removed.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -27,12 +28,15 @@ impl Unpack {
     /// regular file written, in the archive's order.
     pub fn commit(mut self) -> Result<Vec<PathBuf>, FsError> {
         self.finish_file()?;
-        // Every file of the tree closed before it is placed and the answer goes.
-        crate::fs::writeback::drain();
         self.restore_new_dirs()?;
-        self.root
-            .sync_filesystem()
-            .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+        // Only a replacement needs the data on the device before its rename: else a crash
+        // could leave the replaced file's name on a new file whose data was never written.
+        let durable = self.replaces;
+        if durable {
+            self.root
+                .sync_filesystem()
+                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+        }
         let mut synced: HashSet<Vec<u8>> = HashSet::new();
         let placements = std::mem::take(&mut self.placements);
         let mut result = Ok(());
@@ -51,18 +55,17 @@ impl Unpack {
         self.placements = placements;
         result?;
         self.restore_existing_times()?;
-        for parent in &synced {
-            let dir = self.dir_at(parent)?;
-            dir.sync()
-                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+        if durable {
+            for parent in &synced {
+                let dir = self.dir_at(parent)?;
+                dir.sync()
+                    .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+            }
         }
         if let (Some(parent), Some((temp, name))) = (&self.parent, &self.root_temp) {
             parent.rename_new(temp, parent, name).map_err(|e| {
                 FsError::io(e, format!("creating directory '{}'", self.dest.display()))
             })?;
-            parent
-                .sync()
-                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
         }
         self.committed = true;
         Ok(std::mem::take(&mut self.written))

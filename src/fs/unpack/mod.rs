@@ -21,10 +21,14 @@
 //! `--no-overwrite-dir`) but take the archive's times once everything is in them, so that
 //! unpacking an archive again gives the same tree.
 //!
-//! **Durability.** Before the renames one `syncfs` makes the staged tree durable (thousands of
-//! files cost one journal commit, not one `fsync` each); after them each directory renamed into
-//! is synced. A rename that fails between two others (a concurrent change of the tree) leaves
-//! the earlier ones placed, as `fs::atomic::place_all` does.
+//! **Durability.** As `tar -x`'s: the kernel writes the tree back in its own time (an `fsfreeze`
+//! before a snapshot flushes it), unless a member replaces an existing file or symlink. Then,
+//! before the first rename, one `syncfs` makes the staged tree durable (thousands of files cost
+//! one journal commit, not one `fsync` each), and after them each directory renamed into is
+//! synced, so a crash leaves every replaced name on its old data or its new, never on a file
+//! whose data was not written (docs/design.md, "Archives"). A rename that fails between two
+//! others (a concurrent change of the tree) leaves the earlier ones placed, as
+//! `fs::atomic::place_all` does.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -153,6 +157,9 @@ pub struct Unpack {
     bytes: u64,
     name_bytes: usize,
     written: Vec<PathBuf>,
+    /// A member takes the place of an existing file or symlink: the commit then makes the
+    /// staged tree durable before the first rename.
+    replaces: bool,
     committed: bool,
 }
 
@@ -241,6 +248,7 @@ impl Unpack {
             bytes: 0,
             name_bytes: 0,
             written: Vec::new(),
+            replaces: false,
             committed: false,
         })
     }
@@ -336,7 +344,7 @@ impl Unpack {
                         path.display()
                     )))
                 }
-                Ok(_) => {}
+                Ok(_) => self.replaces = true,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(fail(e)),
             }
@@ -472,8 +480,6 @@ impl Unpack {
             .file
             .set_times(FileTimes::new().set_accessed(time).set_modified(time))
             .map_err(fail)?;
-        // The commit's `syncfs` then waits for writes started while the rest arrived.
-        crate::fs::writeback::hand_over(writing.file);
         Ok(())
     }
 }
