@@ -225,7 +225,7 @@ impl Drop for TempPath {
 
 /// The name of the next temporary for destination base name `name`.
 pub fn next_name(name: &OsStr) -> OsString {
-    let (pid, start) = me().unwrap_or((std::process::id(), 0));
+    let (pid, start) = me().unwrap_or_else(|| (std::process::id(), 0));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     temp_name(name, pid, start, n)
 }
