@@ -10,10 +10,11 @@
 //! removes stale ones, `user_metadata` the `user.e2b.*` attributes an upload sets and a
 //! listing reads, `owners` the names of owners and groups, `as_user` the switch of a thread's
 //! filesystem credentials to a user's (`--fs-as-user`), `walk` descents by directory
-//! descriptors, `unpack` an archive unpacked all or nothing, and `watch` the daemon's directory watches (one inotify
-//! instance per watch, one thread). Failures leave `fs` as an [`FsError`] (`error`), which knows nothing of HTTP;
-//! `watch`, which only the Connect service uses, has its own
-//! `WatchError`, and `copy` and `temp` return `io::Error`s to the modules here that use them.
+//! descriptors, `unpack` an archive unpacked all or nothing, and `watch` the daemon's
+//! directory watches (one inotify instance per watch, one thread). Failures leave `fs` as an
+//! [`FsError`] (`error`), which knows nothing of HTTP; `watch`, which only the Connect service
+//! uses, has its own `WatchError`, and `copy` and `temp` return `io::Error`s to the modules here
+//! that use them.
 
 pub mod as_user;
 pub mod atomic;

@@ -26,7 +26,7 @@
 //! before the first rename, one `syncfs` makes the staged tree durable (thousands of files cost
 //! one journal commit, not one `fsync` each), and after them each directory renamed into is
 //! synced, so a crash leaves every replaced name on its old data or its new, never on a file
-//! whose data was not written (docs/design.md, "Archives"). A rename that fails between two
+//! whose data was not written (docs/design.md, "Directory archives"). A rename that fails between two
 //! others (a concurrent change of the tree) leaves the earlier ones placed, as
 //! `fs::atomic::place_all` does.
 
