@@ -636,6 +636,45 @@ fn an_archive_that_replaces_a_file_is_on_the_device_when_answered() {
 }
 
 #[test]
+fn a_name_taken_while_the_archive_streams_is_replaced_only_once_the_upload_is_on_the_device() {
+    let Some(image) = crate::common::image::Ext4Image::make() else {
+        return;
+    };
+    let daemon = builder().start();
+    let dest = image.mount.join("tree");
+    fs::create_dir(&dest).unwrap();
+    let new = marker_block("taken meanwhile");
+    let added = marker_block("added before it");
+    let body = archive(&[("b.txt", b'0', &added, ""), ("a.txt", b'0', &new, "")]);
+    let mut stream = daemon.connect();
+    write!(
+        stream,
+        "PUT {} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+        tar_target(&dest),
+        body.len()
+    )
+    .unwrap();
+    // The members whole, not the end blocks: they are staged under temporary names, and
+    // `a.txt` was free when it arrived.
+    let cut = body.len() - 1024;
+    stream.write_all(&body[..cut]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while temporaries(&dest).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "nothing was staged");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fs::write(dest.join("a.txt"), b"made meanwhile").unwrap();
+    stream.write_all(&body[cut..]).unwrap();
+    let reply = read_reply(&mut std::io::BufReader::new(stream), false).unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(fs::read(dest.join("a.txt")).unwrap(), new);
+    // Found taken at the commit, so everything was made durable before the rename over it:
+    // `b.txt`'s data too, which ext4 writes on a rename over a name only for the renamed file.
+    assert!(on_device(&image.image, &added), "the file placed before it");
+    assert!(on_device(&image.image, &new), "the file that took the name");
+}
+
+#[test]
 fn a_gnu_tar_archive_uploads_gzipped_by_put_and_a_signed_url() {
     if !have("tar") || !have("diff") {
         return;

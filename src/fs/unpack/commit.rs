@@ -31,11 +31,8 @@ impl Unpack {
         self.restore_new_dirs()?;
         // Only a replacement needs the data on the device before its rename: else a crash
         // could leave the replaced file's name on a new file whose data was never written.
-        let durable = self.replaces;
-        if durable {
-            self.root
-                .sync_filesystem()
-                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+        if self.replaces {
+            self.sync_staged()?;
         }
         let mut synced: HashSet<Vec<u8>> = HashSet::new();
         let placements = std::mem::take(&mut self.placements);
@@ -55,7 +52,7 @@ impl Unpack {
         self.placements = placements;
         result?;
         self.restore_existing_times()?;
-        if durable {
+        if self.replaces {
             for parent in &synced {
                 let dir = self.dir_at(parent)?;
                 dir.sync()
@@ -95,7 +92,14 @@ impl Unpack {
                 match dir.link(temp, &dir, name) {
                     // A new name: a directory watcher sees its creation.
                     Ok(()) => dir.remove(temp, false).map_err(fail)?,
-                    Err(_) => dir.rename(temp, &dir, name).map_err(fail)?,
+                    // The name is taken (also by an entry made since the member arrived), or
+                    // the filesystem has no hard links and the rename may replace one: made
+                    // durable first, as every replacement.
+                    Err(_) => {
+                        self.replaces = true;
+                        self.sync_staged()?;
+                        dir.rename(temp, &dir, name).map_err(fail)?;
+                    }
                 }
                 if *is_file {
                     // What a watcher sees of an upload (`fs::atomic`): an attribute change, then
@@ -106,6 +110,17 @@ impl Unpack {
                 Ok(parent.clone())
             }
         }
+    }
+
+    /// Makes the staged tree durable (one `syncfs` of the destination's filesystem), once.
+    fn sync_staged(&mut self) -> Result<(), FsError> {
+        if !self.staged_synced {
+            self.root
+                .sync_filesystem()
+                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
+            self.staged_synced = true;
+        }
+        Ok(())
     }
 
     fn placed_path(&self, parent: &[u8], name: &OsStr) -> PathBuf {

@@ -160,6 +160,8 @@ pub struct Unpack {
     /// A member takes the place of an existing file or symlink: the commit then makes the
     /// staged tree durable before the first rename.
     replaces: bool,
+    /// The staged tree was made durable.
+    staged_synced: bool,
     committed: bool,
 }
 
@@ -249,6 +251,7 @@ impl Unpack {
             name_bytes: 0,
             written: Vec::new(),
             replaces: false,
+            staged_synced: false,
             committed: false,
         })
     }
