@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufReader, Write};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::common;
-use crate::common::{enc, files_under, root_or_skip, temporaries, Daemon, Reply, TOKEN};
+use crate::common::{enc, files_under, root_or_skip, temporaries, Daemon, Mount, Reply, TOKEN};
 use serde_json::json;
 
 fn start() -> Daemon {
@@ -337,28 +337,6 @@ fn invalid_metadata_is_400_before_any_byte_is_read_or_written() {
         .starts_with("invalid metadata: "));
 }
 
-/// A ramfs mount: a filesystem without extended attributes (tmpfs has `user.*` since 6.6).
-struct Ramfs(PathBuf);
-
-impl Ramfs {
-    fn mount(at: &Path) -> Ramfs {
-        fs::create_dir_all(at).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "ramfs", "ramfs"])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount ramfs on {}", at.display());
-        Ramfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Ramfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn metadata_on_a_filesystem_without_extended_attributes_is_400() {
     if !root_or_skip("mounting a ramfs needs root") {
@@ -366,7 +344,8 @@ fn metadata_on_a_filesystem_without_extended_attributes_is_400() {
     }
     let daemon = start();
     let dir = daemon.dir.path().join("ramfs");
-    let _mount = Ramfs::mount(&dir);
+    // A filesystem without extended attributes (tmpfs has `user.*` since 6.6).
+    let _mount = Mount::ramfs(&dir);
     let target = dir.join("f.txt");
     let target_text = target.to_string_lossy().into_owned();
     let reply = upload(&daemon, &target_text, &[("X-Metadata-A", "1")], b"data");

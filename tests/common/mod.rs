@@ -455,6 +455,30 @@ impl Mount {
         assert!(status.success(), "mount tmpfs on {}", at.display());
         Mount(at.to_path_buf())
     }
+
+    /// `from` mounted again at `at` (`mount --bind`).
+    pub fn bind(from: &Path, at: &Path) -> Mount {
+        fs::create_dir_all(at).unwrap();
+        let status = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount --bind on {}", at.display());
+        Mount(at.to_path_buf())
+    }
+
+    pub fn ramfs(at: &Path) -> Mount {
+        fs::create_dir_all(at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "ramfs", "ramfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount ramfs on {}", at.display());
+        Mount(at.to_path_buf())
+    }
 }
 
 impl Drop for Mount {

@@ -29,16 +29,11 @@ impl Unpack {
     pub fn commit(mut self) -> Result<Vec<PathBuf>, FsError> {
         self.finish_file()?;
         self.restore_new_dirs()?;
-        // Only a replacement needs the data on the device before its rename: else a crash
-        // could leave the replaced file's name on a new file whose data was never written.
-        if self.replaces {
-            self.sync_staged()?;
-        }
-        let mut synced: HashSet<Vec<u8>> = HashSet::new();
         let placements = std::mem::take(&mut self.placements);
         let mut result = Ok(());
+        let mut synced: HashSet<Vec<u8>> = HashSet::new();
         for (index, placement) in placements.iter().enumerate() {
-            match self.place(placement) {
+            match self.place(placement, &placements) {
                 Ok(parent) => {
                     self.placed = index + 1;
                     synced.insert(parent);
@@ -69,7 +64,7 @@ impl Unpack {
     }
 
     /// Renames one placement into place; the directory it went into.
-    fn place(&mut self, placement: &Placement) -> Result<Vec<u8>, FsError> {
+    fn place(&mut self, placement: &Placement, all: &[Placement]) -> Result<Vec<u8>, FsError> {
         match placement {
             Placement::Dir { parent, temp, name } => {
                 let dir = self.dir_at(parent)?;
@@ -92,12 +87,12 @@ impl Unpack {
                 match dir.link(temp, &dir, name) {
                     // A new name: a directory watcher sees its creation.
                     Ok(()) => dir.remove(temp, false).map_err(fail)?,
-                    // The name is taken (also by an entry made since the member arrived), or
-                    // the filesystem has no hard links and the rename may replace one: made
-                    // durable first, as every replacement.
+                    // The name is taken, or the filesystem has no hard links and the rename may
+                    // replace one. Only a replacement needs the upload on the device before its
+                    // rename: else a crash could leave the name on a file never written.
                     Err(_) => {
                         self.replaces = true;
-                        self.sync_staged()?;
+                        self.sync_staged(all)?;
                         dir.rename(temp, &dir, name).map_err(fail)?;
                     }
                 }
@@ -112,14 +107,30 @@ impl Unpack {
         }
     }
 
-    /// Makes the staged tree durable (one `syncfs` of the destination's filesystem), once.
-    fn sync_staged(&mut self) -> Result<(), FsError> {
-        if !self.staged_synced {
-            self.root
-                .sync_filesystem()
-                .map_err(|e| FsError::io(e, format!("syncing '{}'", self.dest.display())))?;
-            self.staged_synced = true;
+    /// Makes the staged tree durable, once: one `syncfs` per filesystem it was staged on (the
+    /// destination's, and another mounted on a directory below it that members went into).
+    fn sync_staged(&mut self, placements: &[Placement]) -> Result<(), FsError> {
+        if self.staged_synced {
+            return Ok(());
         }
+        // The destination itself (an empty final path), and every directory renamed into.
+        let mut parents: Vec<&[u8]> = vec![&[]];
+        parents.extend(placements.iter().map(|placement| match placement {
+            Placement::Dir { parent, .. } | Placement::Entry { parent, .. } => &parent[..],
+        }));
+        parents.sort_unstable();
+        parents.dedup();
+        let mut devices = HashSet::new();
+        for rel in parents {
+            let dir = self.dir_at(rel)?;
+            let path = self.path_of(rel);
+            let fail = |e: io::Error| FsError::io(e, format!("syncing '{}'", path.display()));
+            let device = dir.stat().map_err(fail)?.id().0;
+            if devices.insert(device) {
+                dir.sync_filesystem().map_err(fail)?;
+            }
+        }
+        self.staged_synced = true;
         Ok(())
     }
 

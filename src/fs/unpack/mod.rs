@@ -21,14 +21,14 @@
 //! `--no-overwrite-dir`) but take the archive's times once everything is in them, so that
 //! unpacking an archive again gives the same tree.
 //!
-//! **Durability.** As `tar -x`'s: the kernel writes the tree back in its own time (an `fsfreeze`
-//! before a snapshot flushes it), unless a member replaces an existing file or symlink. Then,
-//! before the first rename, one `syncfs` makes the staged tree durable (thousands of files cost
-//! one journal commit, not one `fsync` each), and after them each directory renamed into is
-//! synced, so a crash leaves every replaced name on its old data or its new, never on a file
-//! whose data was not written (docs/design.md, "Directory archives"). A rename that fails between two
-//! others (a concurrent change of the tree) leaves the earlier ones placed, as
-//! `fs::atomic::place_all` does.
+//! **Durability.** As `tar -x`'s: the kernel writes the tree back in its own time (an
+//! `fsfreeze` before a snapshot flushes it), unless a member is renamed over an existing name
+//! (see [`Unpack::commit`]): then, before that rename, one `syncfs` per filesystem written to
+//! makes the staged upload durable (thousands of files cost one journal commit, not one `fsync`
+//! each), and after the renames each directory renamed into is synced, so a crash leaves every
+//! replaced name on its old data or its new, never on a file whose data was not written
+//! (docs/design.md, "Directory archives"). A rename that fails between two others (a concurrent
+//! change of the tree) leaves the earlier ones placed, as `fs::atomic::place_all` does.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -157,8 +157,8 @@ pub struct Unpack {
     bytes: u64,
     name_bytes: usize,
     written: Vec<PathBuf>,
-    /// A member takes the place of an existing file or symlink: the commit then makes the
-    /// staged tree durable before the first rename.
+    /// A member took the place of an existing name: the commit made the staged tree durable
+    /// before that rename, and syncs the directories renamed into.
     replaces: bool,
     /// The staged tree was made durable.
     staged_synced: bool,
@@ -347,7 +347,7 @@ impl Unpack {
                         path.display()
                     )))
                 }
-                Ok(_) => self.replaces = true,
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(fail(e)),
             }
