@@ -308,3 +308,23 @@ fn mutated_archives_read_the_same_whole_and_in_pieces() {
         assert_eq!(whole.map(|(e, _)| e), split.map(|(e, _)| e));
     }
 }
+
+#[test]
+fn byte_sums_are_the_plain_sums_for_any_bytes_and_length() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state.to_le_bytes()[0]
+    };
+    let mut cases: Vec<Vec<u8>> = vec![vec![], vec![0xff; 512], vec![0x80; 13], vec![0x7f; 9]];
+    for len in [1, 7, 8, 9, 148, 156, 512] {
+        cases.push((0..len).map(|_| next()).collect());
+    }
+    for bytes in cases {
+        let unsigned: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
+        let signed: i64 = bytes.iter().map(|&b| i64::from(b.cast_signed())).sum();
+        assert_eq!(super::byte_sums(&bytes), (unsigned, signed), "{bytes:?}");
+    }
+}

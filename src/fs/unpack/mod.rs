@@ -129,7 +129,8 @@ struct Writing {
     mode: u32,
     mode_set: bool,
     mtime: (i64, u32),
-    path: PathBuf,
+    /// Its path, in [`Unpack::written`].
+    written: usize,
 }
 
 /// An archive being unpacked into one directory.
@@ -392,7 +393,7 @@ impl Unpack {
                     mode: member.mode & 0o777,
                     mode_set: made.mode() & 0o7777 == member.mode & 0o777,
                     mtime: member.mtime,
-                    path: path.clone(),
+                    written: self.written.len(),
                 });
                 self.written.push(path);
                 return Ok(());
@@ -460,10 +461,10 @@ impl Unpack {
         let Some(writing) = &mut self.writing else {
             return Ok(());
         };
-        writing
-            .file
-            .write_all(bytes)
-            .map_err(|e| FsError::io(e, format!("writing '{}'", writing.path.display())))
+        writing.file.write_all(bytes).map_err(|e| {
+            let path = &self.written[writing.written];
+            FsError::io(e, format!("writing '{}'", path.display()))
+        })
     }
 
     /// The current file's data is complete: its mode and times are set, and it is closed.
@@ -471,7 +472,8 @@ impl Unpack {
         let Some(writing) = self.writing.take() else {
             return Ok(());
         };
-        let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", writing.path.display()));
+        let path = &self.written[writing.written];
+        let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", path.display()));
         if !writing.mode_set {
             writing
                 .file

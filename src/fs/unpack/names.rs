@@ -37,9 +37,20 @@ pub fn components(raw: &[u8], base_len: usize) -> Result<Vec<&[u8]>, String> {
     Ok(parts)
 }
 
-/// The member's name as shown in errors: as sent, invalid UTF-8 replaced.
-pub fn shown(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw).into_owned()
+/// The member's name as shown in errors: as sent, invalid UTF-8 replaced (only when an error
+/// shows it: most members never need it).
+pub fn shown(raw: &[u8]) -> Shown<'_> {
+    Shown(raw)
+}
+
+/// A member's name to show: see [`shown`].
+#[derive(Clone, Copy)]
+pub struct Shown<'a>(&'a [u8]);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.0))
+    }
 }
 
 #[cfg(test)]

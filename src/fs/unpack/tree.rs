@@ -47,7 +47,11 @@ impl Unpack {
     }
 
     /// Makes sure the directories `parts` exist (made new where missing); their final path.
-    pub(super) fn ensure_dir(&mut self, parts: &[&[u8]], shown: &str) -> Result<Vec<u8>, FsError> {
+    pub(super) fn ensure_dir(
+        &mut self,
+        parts: &[&[u8]],
+        shown: &names::Shown<'_>,
+    ) -> Result<Vec<u8>, FsError> {
         for i in 0..parts.len() {
             let rel = join(&parts[..=i]);
             if self.dir(&rel).is_some() {
@@ -164,7 +168,7 @@ impl Unpack {
         }
     }
 
-    pub(super) fn not_a_dir(&self, shown: &str, rel: &[u8], is_file: bool) -> FsError {
+    pub(super) fn not_a_dir(&self, shown: &names::Shown<'_>, rel: &[u8], is_file: bool) -> FsError {
         let what = if is_file { "file" } else { "symbolic link" };
         refuse(format!(
             "member '{shown}' needs '{}' to be a directory, but the archive made it a {what}",
