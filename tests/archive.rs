@@ -892,6 +892,75 @@ fn every_refused_archive_answers_its_error_and_changes_nothing() {
     assert_eq!(snapshot(&dest), before);
 }
 
+/// The refusals of docs/spec.md §8a not in the test above: each answers its exact error and
+/// leaves the destination as it was.
+#[test]
+fn the_other_refusals_answer_their_errors_and_change_nothing() {
+    let daemon = start();
+    let dest = daemon.dir.path().join("dest");
+    write_file(&dest.join("keep.txt"), b"kept");
+    let shown = dest.display().to_string();
+    // A path of 4095 bytes at most, the destination's counted: components of 200 bytes.
+    let part = "p".repeat(200);
+    let parts = (4096 - shown.len()) / 201 + 1;
+    let deep = vec![part.as_str(); parts].join("/");
+    let deep_len = shown.len() + parts * 201;
+    let key = "k".repeat(247);
+    let member_with = |records: &[(&str, &str)], name: &str| {
+        [pax(records), archive(&[(name, b'0', &b"x"[..], "")])].concat()
+    };
+    let mut oversized = ustar("pax", b'x', 70_000, "");
+    oversized.resize(oversized.len() + 70_000 + 1024, 0);
+    let mut bad_size = archive(&[("a", b'0', &b""[..], "")]);
+    bad_size[124..136].copy_from_slice(b"zzzzzzzzzzz\0");
+    bad_size[148..156].fill(b' ');
+    let sum: u32 = bad_size[..512].iter().map(|&x| u32::from(x)).sum();
+    bad_size[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    let cases: Vec<(Vec<u8>, String)> = vec![
+        (member_with(&[("path", &deep)], "x"),
+            format!("member '{deep}' makes a path of {deep_len} bytes, more than 4095")),
+        (archive(&[("", b'0', &b"x"[..], "")]), "member '' has an empty name".into()),
+        (archive(&[(".", b'0', &b"x"[..], "")]),
+            "member '.' names the destination itself".into()),
+        (archive(&[("keep.txt/x", b'0', &b"x"[..], "")]),
+            format!("member 'keep.txt/x' needs '{shown}/keep.txt' to be a directory, but it is a file")),
+        (archive(&[("f", b'0', &b"x"[..], ""), ("f/x", b'0', &b"x"[..], "")]),
+            "member 'f/x' needs 'f' to be a directory, but the archive made it a file".into()),
+        (archive(&[("d/", b'5', &b""[..], ""), ("d", b'0', &b"x"[..], "")]),
+            format!("member 'd' is not a directory, but a directory of that name is in the archive or at '{shown}/d'")),
+        (member_with(&[(&format!("SCHILY.xattr.user.e2b.{key}"), "v")], "m"),
+            format!("member 'm' has invalid metadata: key '{key}' is 247 bytes long, more than 246")),
+        (oversized,
+            "invalid tar archive: the extended header at byte 0 has 70000 bytes, more than 65536".into()),
+        (bad_size, "invalid tar archive: the header at byte 0 has an invalid size field".into()),
+    ];
+    let before = snapshot(&dest);
+    for (body, message) in &cases {
+        upload_tar(&daemon, "POST", &dest, &[], body).assert_error(400, message);
+        assert_eq!(snapshot(&dest), before, "{message}");
+        assert!(temporaries(&dest).is_empty(), "{message}");
+    }
+}
+
+/// Names and link targets are held until the commit: more than 16 MiB of them is refused.
+#[test]
+fn more_names_than_the_bound_is_refused() {
+    let daemon = start();
+    let dest = daemon.dir.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    // Symbolic links with targets of 4,000 bytes: 4,200 of them pass 16 MiB.
+    let target = "t".repeat(4000);
+    let mut body = Vec::new();
+    for i in 0..4200 {
+        body.extend_from_slice(&pax(&[("linkpath", &target)]));
+        body.extend_from_slice(&ustar(&format!("l{i}"), b'2', 0, ""));
+    }
+    body.resize(body.len() + 1024, 0);
+    upload_tar(&daemon, "POST", &dest, &[], &body)
+        .assert_error(400, "the archive's names take more than 16777216 bytes");
+    assert!(snapshot(&dest).is_empty());
+}
+
 #[test]
 fn more_than_the_members_allowed_is_refused() {
     let daemon = start();
