@@ -933,6 +933,8 @@ fn the_other_refusals_answer_their_errors_and_change_nothing() {
         (oversized,
             "invalid tar archive: the extended header at byte 0 has 70000 bytes, more than 65536".into()),
         (bad_size, "invalid tar archive: the header at byte 0 has an invalid size field".into()),
+        (member_with(&[("size", "ten")], "x"),
+            "invalid tar archive: the pax header at byte 0 is malformed: a number that is not decimal".into()),
     ];
     let before = snapshot(&dest);
     for (body, message) in &cases {
