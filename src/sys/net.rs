@@ -117,6 +117,28 @@ pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Resul
     }
 }
 
+/// Makes closing `stream` abort its connection (`SO_LINGER` of 0: a reset, anything unsent
+/// dropped) instead of ending it, so that its peer cannot take a cut stream for a whole one.
+pub fn reset_on_close(stream: &TcpStream) -> io::Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let len = libc::socklen_t::try_from(mem::size_of::<libc::linger>()).unwrap_or(8);
+    // SAFETY: `linger` is a live value of the type SO_LINGER takes, its size passed with it;
+    // the descriptor is borrowed for the call.
+    check(unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&linger).cast::<libc::c_void>(),
+            len,
+        )
+    })
+    .map(drop)
+}
+
 /// Listens again on `listener` with this backlog (Linux takes a second `listen` as a change of
 /// the queue's length).
 pub fn set_backlog(listener: &std::net::TcpListener, backlog: i32) -> io::Result<()> {
@@ -213,6 +235,23 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::TcpListener;
+
+    #[test]
+    fn a_stream_closed_after_reset_on_close_is_reset_not_ended() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        reset_on_close(&server).unwrap();
+        drop(server);
+        let mut buf = [0u8; 8];
+        let err = client.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        // Without it, the same close is an end of stream.
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        drop(server);
+        assert_eq!(client.read(&mut buf).unwrap(), 0);
+    }
 
     #[test]
     fn a_listener_is_listening_and_a_pipe_says_what_it_holds() {

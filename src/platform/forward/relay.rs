@@ -13,8 +13,9 @@
 //! Registrations are edge-triggered: each readiness change is reported once, and every event
 //! moves a connection as far as it can go (within [`TURN_BYTES`], then it waits its turn
 //! behind the others). An end of stream on one side is passed on as a half-close of the other
-//! (`shutdown(SHUT_WR)`, after what was pending); when both directions have ended, or either
-//! side fails, both sockets are closed together.
+//! (`shutdown(SHUT_WR)`, after what was pending); when both directions have ended both sockets
+//! are closed together, and when either side fails both are reset, so that a peer never takes
+//! a cut stream for a whole one (a clean close after a failure looked like a complete transfer).
 //!
 //! Across a live upgrade ([`carried`]) the relay is parked between two turns and its
 //! listeners, connections and pipes cross the `execve` as descriptors.
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::log;
 use crate::sys::epoll::{Epoll, EDGE_ALL, EDGE_IN};
-use crate::sys::net::{connect_nonblocking, splice, splice_pipe};
+use crate::sys::net::{connect_nonblocking, reset_on_close, splice, splice_pipe};
 
 /// The scratch buffer every transfer reads into.
 const SCRATCH: usize = 128 << 10;
@@ -99,8 +100,11 @@ enum Progress {
     Waiting,
     /// The turn's bytes ran out with more to move.
     More,
-    /// Closed both ways, or a side failed: close the pair.
+    /// Closed both ways, or the upstream could not be reached: close the pair.
     Finished,
+    /// Moving bytes failed: close the pair with a reset both ways (a peer must not take the
+    /// cut stream for a whole one).
+    Failed,
 }
 
 pub struct Relay {
@@ -284,14 +288,19 @@ impl Relay {
             return;
         };
         let token = pair_token(index);
-        match pair.step(&mut self.scratch) {
+        let progress = pair.step(&mut self.scratch);
+        match progress {
             Progress::Waiting => {}
             Progress::More => {
                 if !self.again.contains(&token) {
                     self.again.push(token);
                 }
             }
-            Progress::Finished => {
+            Progress::Finished | Progress::Failed => {
+                if matches!(progress, Progress::Failed) {
+                    let _ = reset_on_close(&pair.client);
+                    let _ = reset_on_close(&pair.upstream);
+                }
                 let port = pair.port;
                 self.pairs[index] = None;
                 self.free.push(index);
@@ -376,7 +385,7 @@ impl Pair {
             &mut budget,
         );
         match (a, b) {
-            (Err(_), _) | (_, Err(_)) => Progress::Finished,
+            (Err(_), _) | (_, Err(_)) => Progress::Failed,
             _ if to_upstream.shut && to_client.shut => Progress::Finished,
             (Ok(true), _) | (_, Ok(true)) => Progress::More,
             _ => Progress::Waiting,
@@ -436,15 +445,18 @@ fn pump(
         if let Some((_, pipe)) = &flow.pipe {
             // The pipe is empty here: `WouldBlock` means the source has nothing.
             match splice(src.as_fd(), pipe.as_fd(), PIPE_BYTES) {
-                Ok(0) => flow.eof = true,
+                // The end of the stream, or data the kernel would not splice while the peer's
+                // end was already queued (`tcp_splice_read` answers 0 then): the read below
+                // tells which, so no byte is taken for an end.
+                Ok(0) => {}
                 Ok(n) => {
                     flow.in_pipe = n;
                     *budget = budget.saturating_sub(n);
+                    continue;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => return Err(e),
             }
-            continue;
         }
         let read = match src.read(scratch) {
             Ok(0) => {
@@ -457,7 +469,7 @@ fn pump(
             Err(e) => return Err(e),
         };
         *budget = budget.saturating_sub(read);
-        if read == scratch.len() {
+        if read == scratch.len() && flow.pipe.is_none() {
             // A bulk transfer: splice from now on (without a pipe, reads go on as before).
             flow.pipe = splice_pipe(PIPE_BYTES).ok();
         }
