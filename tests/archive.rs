@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::net::TcpStream;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -424,6 +425,19 @@ fn upload_tar(
     daemon.call_with(method, &tar_target(dir), &all, body)
 }
 
+/// A connection that has sent the head of a tar upload into `dir` with a body of `len` bytes:
+/// the caller sends the body, or part of it.
+fn tar_upload_head(daemon: &Daemon, method: &str, dir: &Path, len: usize) -> TcpStream {
+    let mut stream = daemon.connect();
+    write!(
+        stream,
+        "{method} {} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {len}\r\n\r\n",
+        tar_target(dir),
+    )
+    .unwrap();
+    stream
+}
+
 /// A ustar header block for `name` of type `flag`, `size` bytes of data, linking to `link`.
 fn ustar(name: &str, flag: u8, size: u64, link: &str) -> Vec<u8> {
     let mut b = vec![0u8; 512];
@@ -677,14 +691,7 @@ fn a_name_taken_while_the_archive_streams_is_replaced_only_once_the_upload_is_on
     let new = marker_block("taken meanwhile");
     let added = marker_block("added before it");
     let body = archive(&[("b.txt", b'0', &added, ""), ("a.txt", b'0', &new, "")]);
-    let mut stream = daemon.connect();
-    write!(
-        stream,
-        "PUT {} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
-        tar_target(&dest),
-        body.len()
-    )
-    .unwrap();
+    let mut stream = tar_upload_head(&daemon, "PUT", &dest, body.len());
     // The members whole, not the end blocks: they are staged under temporary names, and
     // `a.txt` was free when it arrived.
     let cut = body.len() - 1024;
@@ -994,14 +1001,7 @@ fn a_connection_cut_mid_upload_leaves_nothing() {
     ]);
     for dest in [home.join("existing"), home.join("fresh")] {
         let before = snapshot(&home);
-        let mut stream = daemon.connect();
-        write!(
-            stream,
-            "POST {} HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\nContent-Length: {}\r\n\r\n",
-            tar_target(&dest),
-            body.len()
-        )
-        .unwrap();
+        let mut stream = tar_upload_head(&daemon, "POST", &dest, body.len());
         // All but the last member's data and the end blocks.
         let cut = body.len() - MIB - 1024;
         stream.write_all(&body[..cut]).unwrap();

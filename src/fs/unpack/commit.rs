@@ -91,8 +91,10 @@ impl Unpack {
                     // replace one. Only a replacement needs the upload on the device before its
                     // rename: else a crash could leave the name on a file never written.
                     Err(_) => {
-                        self.replaces = true;
-                        self.sync_staged(all)?;
+                        if !self.replaces {
+                            self.replaces = true;
+                            self.sync_staged(all)?;
+                        }
                         dir.rename(temp, &dir, name).map_err(fail)?;
                     }
                 }
@@ -107,12 +109,9 @@ impl Unpack {
         }
     }
 
-    /// Makes the staged tree durable, once: one `syncfs` per filesystem it was staged on (the
+    /// Makes the staged tree durable: one `syncfs` per filesystem it was staged on (the
     /// destination's, and another mounted on a directory below it that members went into).
     fn sync_staged(&mut self, placements: &[Placement]) -> Result<(), FsError> {
-        if self.staged_synced {
-            return Ok(());
-        }
         // The destination itself (an empty final path), and every directory renamed into.
         let mut parents: Vec<&[u8]> = vec![&[]];
         parents.extend(placements.iter().map(|placement| match placement {
@@ -130,7 +129,6 @@ impl Unpack {
                 dir.sync_filesystem().map_err(fail)?;
             }
         }
-        self.staged_synced = true;
         Ok(())
     }
 

@@ -159,10 +159,8 @@ pub struct Unpack {
     name_bytes: usize,
     written: Vec<PathBuf>,
     /// A member took the place of an existing name: the commit made the staged tree durable
-    /// before that rename, and syncs the directories renamed into.
+    /// before the first such rename, and syncs the directories renamed into.
     replaces: bool,
-    /// The staged tree was made durable.
-    staged_synced: bool,
     committed: bool,
 }
 
@@ -252,7 +250,6 @@ impl Unpack {
             name_bytes: 0,
             written: Vec::new(),
             replaces: false,
-            staged_synced: false,
             committed: false,
         })
     }
