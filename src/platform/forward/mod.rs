@@ -2,6 +2,7 @@
 //! `127.0.0.1` or `::1` is made reachable on the forward address, at the same port.
 //!
 //! - [`scan`]: which sockets listen (`sock_diag`), and which ports to forward (pure).
+//! - [`proc_net`]: which sockets listen, from `/proc/net/tcp{,6}` where `sock_diag` cannot say.
 //! - [`supervisor`]: when to scan, binding the forward listeners, telling the relay.
 //! - [`relay`]: the forwarder's thread: its listeners and every forwarded connection, in one
 //!   epoll, bytes both ways without a thread or an HTTP worker per connection.
@@ -13,6 +14,7 @@
 //! process service [`nudge`].
 
 pub mod handover;
+pub mod proc_net;
 pub mod relay;
 pub mod scan;
 pub mod supervisor;

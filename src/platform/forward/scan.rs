@@ -1,11 +1,14 @@
-//! The scanner: which TCP sockets listen, from the kernel's `sock_diag` netlink interface, and
+//! The scanner: which TCP sockets listen, from the kernel's `sock_diag` netlink interface (or,
+//! where the kernel cannot answer it, `/proc/net/tcp` and `tcp6`: [`super::proc_net`]), and
 //! which of their ports are to be forwarded.
 //!
 //! One dump per family asks the kernel for the sockets in `LISTEN` only (the state filter is
 //! applied in the kernel), so a scan costs the same with ten thousand connections open as with
 //! none; `/proc/net/tcp` and `tcp6` list every socket as text (docs/design.md has the
-//! measurements). The messages are built and read here in safe code; `sys::net` moves their
-//! bytes. [`plan`] is pure: listening sockets in, the ports to forward out.
+//! measurements). A kernel whose `inet_diag`/`tcp_diag` modules are not loaded answers the dump
+//! `ENOENT`; the scanner then reads the files, as envd does, and says which source it uses
+//! ([`Scanner::source`]). The messages are built and read here in safe code; `sys::net` moves
+//! their bytes. [`plan`] is pure: listening sockets in, the ports to forward out.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -31,16 +34,58 @@ const REQUEST_BODY: usize = 56;
 /// `inet_diag_msg` up to the end of its socket id: family, state, timer, retrans, id.
 const MESSAGE_MIN: usize = 4 + 48;
 
+/// Where a scanner reads the listening sockets, kept between scans.
+pub enum Scanner {
+    Diag(DiagScanner),
+    /// `/proc/net/tcp{,6}`, with why `sock_diag` could not be used and the buffer reused.
+    ProcNet {
+        why: String,
+        buf: Vec<u8>,
+    },
+}
+
+impl Scanner {
+    /// A `sock_diag` scanner when a first dump works, else one reading `/proc/net`.
+    pub fn new() -> Scanner {
+        let diag = DiagScanner::new().and_then(|mut diag| diag.listening().map(|_| diag));
+        match diag {
+            Ok(diag) => Scanner::Diag(diag),
+            Err(e) => Scanner::ProcNet {
+                why: e.to_string(),
+                buf: Vec::new(),
+            },
+        }
+    }
+
+    /// Every TCP socket in `LISTEN`, IPv4 then IPv6.
+    pub fn listening(&mut self) -> io::Result<Vec<Listening>> {
+        match self {
+            Scanner::Diag(diag) => diag.listening(),
+            Scanner::ProcNet { buf, .. } => super::proc_net::listening(buf),
+        }
+    }
+
+    /// Which source it reads, for the log.
+    pub fn source(&self) -> String {
+        match self {
+            Scanner::Diag(_) => "sock_diag".to_string(),
+            Scanner::ProcNet { why, .. } => {
+                format!("/proc/net/tcp and tcp6 (sock_diag cannot list them: {why})")
+            }
+        }
+    }
+}
+
 /// A netlink socket kept open between scans, and its receive buffer.
-pub struct Scanner {
+pub struct DiagScanner {
     socket: DiagSocket,
     buf: Vec<u8>,
     seq: u32,
 }
 
-impl Scanner {
-    pub fn new() -> io::Result<Scanner> {
-        Ok(Scanner {
+impl DiagScanner {
+    pub fn new() -> io::Result<DiagScanner> {
+        Ok(DiagScanner {
             socket: DiagSocket::open()?,
             // The kernel fills a dump datagram up to the page size or so; 32 KiB holds any.
             buf: vec![0; 32 << 10],
@@ -291,7 +336,9 @@ mod tests {
     fn the_kernel_lists_a_listener_of_this_test() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let found = Scanner::new().unwrap().listening().unwrap();
+        let mut scanner = Scanner::new();
+        assert_eq!(scanner.source(), "sock_diag");
+        let found = scanner.listening().unwrap();
         assert!(found.contains(&l("127.0.0.1", port)), "{found:?}");
     }
 

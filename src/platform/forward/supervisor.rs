@@ -51,6 +51,8 @@ pub struct Supervisor {
 #[derive(Default)]
 struct State {
     scanner: Option<Scanner>,
+    /// The source the log last named (said again only when it changes).
+    said_source: Option<String>,
     address_ready: bool,
     said_waiting: bool,
     failing: Option<String>,
@@ -167,14 +169,16 @@ impl Supervisor {
                 }
             }
         }
-        let listening = match state.scanner.as_mut().map_or_else(
-            || Scanner::new().and_then(|mut s| s.listening().map(|found| (Some(s), found))),
-            |s| s.listening().map(|found| (None, found)),
-        ) {
-            Ok((opened, found)) => {
-                if opened.is_some() {
-                    state.scanner = opened;
-                }
+        let scanner = state.scanner.get_or_insert_with(Scanner::new);
+        let source = scanner.source();
+        if state.said_source.as_deref() != Some(source.as_str()) {
+            log::line(format_args!(
+                "forward: listing listening sockets from {source}"
+            ));
+            state.said_source = Some(source);
+        }
+        let listening = match scanner.listening() {
+            Ok(found) => {
                 if state.failing.take().is_some() {
                     log::line(format_args!("forward: scanning works again"));
                 }
