@@ -1,7 +1,7 @@
 //! The subcommands that are not the daemon: `--healthcheck` and `sign`.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,11 +10,26 @@ use crate::config::{SignRequest, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 use crate::http::date;
 use crate::token;
 
-/// Probes `/health` at `addr`: 0 when it answers 204, 1 otherwise (for images without curl).
-pub fn healthcheck(addr: SocketAddr) -> ExitCode {
+/// Probes `/health` at `target` (`HOST:PORT`; a name is resolved and its first address that
+/// accepts is probed): 0 when it answers 204, 1 otherwise (for images without curl).
+pub fn healthcheck(target: &str) -> ExitCode {
     let timeout = Duration::from_secs(3);
+    let addr = target;
     let result = (|| -> std::io::Result<bool> {
-        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+        let mut last = None;
+        let mut connected = None;
+        for candidate in target.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&candidate, timeout) {
+                Ok(stream) => {
+                    connected = Some(stream);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let mut stream = connected.ok_or_else(|| {
+            last.unwrap_or_else(|| std::io::Error::other("the name has no address"))
+        })?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         stream.write_all(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")?;

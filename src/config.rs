@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use envd::{EnvdFlags, COMMIT};
 pub use options::{ProcessCgroups, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
-pub use usage::help;
+pub use usage::{help, sign_help};
 
 use options::{
     parse_addr, Setting, BODY_TIMEOUT, CGROUP_ROOT, DEFAULT_USER, DEFAULT_WORKDIR, DRAIN_TIMEOUT,
@@ -95,9 +95,12 @@ pub enum Command {
     /// `--handover-schema`: print the highest live-upgrade handover layout this build reads
     /// (`upgrade::state::SCHEMA`); `/upgrade` asks a new binary before it hands over.
     HandoverSchema,
-    /// Probe `/health` at this address; exit 0 when it answers 204.
-    Healthcheck(SocketAddr),
+    /// Probe `/health` at this address (`HOST:PORT`, a name resolved when probed); exit 0 when
+    /// it answers 204.
+    Healthcheck(String),
     Sign(SignRequest),
+    /// `sign --help`: the sign options.
+    SignHelp,
 }
 
 /// Parses the arguments; `program` is argv[0] (under the name `envd` the metadata service has
@@ -117,8 +120,10 @@ pub fn parse(
         Some("--healthcheck") => {
             let config = parse_serve(program, &[], env)?;
             return match &args[1..] {
-                [] => Ok(Command::Healthcheck(local_address(config.listen))),
-                [addr] => Ok(Command::Healthcheck(parse_addr("--healthcheck", addr)?)),
+                [] => Ok(Command::Healthcheck(
+                    local_address(config.listen).to_string(),
+                )),
+                [target] => Ok(Command::Healthcheck(health_target(target)?)),
                 _ => Err("--healthcheck takes at most one address".into()),
             };
         }
@@ -308,6 +313,7 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
             }
             "--url" => request.base_url = value(arg)?.trim_end_matches('/').to_string(),
             "--access-token-file" => request.access_token_file = Some(PathBuf::from(value(arg)?)),
+            "--help" | "-h" | "-help" => return Ok(Command::SignHelp),
             other if other.starts_with("--") => {
                 return Err(format!("unknown sign option '{other}'"))
             }
@@ -317,6 +323,27 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
     }
     request.path = path.ok_or("sign needs a PATH")?;
     Ok(Command::Sign(request))
+}
+
+/// `--healthcheck`'s target: an address (`127.0.0.1:49983`, `[::1]:49983`) or `HOST:PORT`
+/// with a name (`localhost:49983`), checked here and resolved when probed.
+fn health_target(text: &str) -> Result<String, String> {
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(text.to_string());
+    }
+    let name_ok = |host: &str| {
+        !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    };
+    match text.rsplit_once(':') {
+        Some((host, port)) if name_ok(host) && port.parse::<u16>().is_ok() => Ok(text.to_string()),
+        _ => Err(format!(
+            "--healthcheck: '{text}' is not an address like 127.0.0.1:49983 or localhost:49983"
+        )),
+    }
 }
 
 /// The address to probe a daemon listening on `listen`: a wildcard becomes loopback.
@@ -489,7 +516,7 @@ mod tests {
     fn healthcheck_defaults_to_loopback_of_the_listen_port() {
         assert_eq!(
             parse("sandboxd", &args(&["--healthcheck"]), &no_env).unwrap(),
-            Command::Healthcheck("127.0.0.1:49983".parse().unwrap())
+            Command::Healthcheck("127.0.0.1:49983".into())
         );
         assert_eq!(
             parse(
@@ -498,7 +525,44 @@ mod tests {
                 &no_env
             )
             .unwrap(),
-            Command::Healthcheck("127.0.0.1:5".parse().unwrap())
+            Command::Healthcheck("127.0.0.1:5".into())
+        );
+        for target in ["localhost:49983", "[::1]:7", "sandbox-1.internal:80"] {
+            assert_eq!(
+                parse("sandboxd", &args(&["--healthcheck", target]), &no_env).unwrap(),
+                Command::Healthcheck(target.into())
+            );
+        }
+        for bad in [
+            "bogus",
+            "localhost",
+            "localhost:",
+            ":80",
+            "a b:80",
+            "host:99999",
+        ] {
+            let error = parse("sandboxd", &args(&["--healthcheck", bad]), &no_env).unwrap_err();
+            assert_eq!(
+                error,
+                format!(
+                    "--healthcheck: '{bad}' is not an address like 127.0.0.1:49983 or \
+                     localhost:49983"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn sign_help_is_the_sign_options() {
+        for flag in ["--help", "-h"] {
+            assert_eq!(
+                parse("sandboxd", &args(&["sign", flag]), &no_env).unwrap(),
+                Command::SignHelp
+            );
+        }
+        assert_eq!(
+            parse("sandboxd", &args(&["sign", "/a", "--help"]), &no_env).unwrap(),
+            Command::SignHelp
         );
     }
 

@@ -65,11 +65,6 @@ pub fn run(config: Config) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if token.is_none() {
-        log::line(format_args!(
-            "warning: no access token configured: every route is open until POST /init sets one"
-        ));
-    }
     let (listener, handover) = match handed_over {
         Some(taken) => (taken.listener, Some((taken.state, taken.inherited))),
         None => match TcpListener::bind(config.listen) {
@@ -108,6 +103,12 @@ pub fn run(config: Config) -> ExitCode {
     let app = Arc::new(App::new(config, token, env));
     if let Some((handover, inherited)) = handover {
         take_back(&app, handover, inherited);
+    }
+    // After the handover: a token that crossed a live upgrade is this image's token too.
+    if app.token().is_none() {
+        log::line(format_args!(
+            "warning: no access token configured: every route is open until POST /init sets one"
+        ));
     }
     if let Some(mmds) = &app.mmds {
         log::line(format_args!(

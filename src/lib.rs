@@ -35,7 +35,7 @@ pub mod upgrade;
 // The binary (src/main.rs): parse the command line, then serve or run a subcommand.
 pub use api::init::ENVD_VERSION;
 pub use cli::{healthcheck, sign};
-pub use config::{help, parse, Command, COMMIT};
+pub use config::{help, parse, sign_help, Command, COMMIT};
 pub use daemon::run;
 
 // The integration tests (tests/): signed URLs they cannot get from `sandboxd sign` (expired

@@ -41,7 +41,11 @@ fn main() -> ExitCode {
             println!("{}", sandboxd::upgrade::state::SCHEMA);
             ExitCode::SUCCESS
         }
-        Command::Healthcheck(addr) => sandboxd::healthcheck(addr),
+        Command::Healthcheck(target) => sandboxd::healthcheck(&target),
+        Command::SignHelp => {
+            print!("{}", sandboxd::sign_help());
+            ExitCode::SUCCESS
+        }
         Command::Sign(request) => sandboxd::sign(&request),
         Command::Serve(config) => sandboxd::run(config),
     }

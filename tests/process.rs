@@ -65,10 +65,29 @@ fn unreadable_token_file_exits_2() {
 }
 
 #[test]
+fn sign_help_prints_the_sign_options() {
+    let output = sandboxd().args(["sign", "--help"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        text.starts_with("Usage: sandboxd sign PATH [SIGN OPTIONS]"),
+        "{text}"
+    );
+    assert!(text.contains("--operation read|write"), "{text}");
+}
+
+#[test]
 fn healthcheck_exit_codes() {
     let daemon = start();
     let status = sandboxd()
         .args(["--healthcheck", &daemon.addr.to_string()])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // A name, as a probe in a unit file or a Dockerfile writes it.
+    let by_name = format!("localhost:{}", daemon.addr.port());
+    let status = sandboxd()
+        .args(["--healthcheck", &by_name])
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(0));

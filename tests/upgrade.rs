@@ -237,6 +237,34 @@ fn a_new_binary_takes_over_in_the_same_process_with_the_state_and_no_refused_con
 }
 
 #[test]
+fn a_token_from_the_environment_crosses_an_upgrade_without_a_warning_that_routes_are_open() {
+    // The token in the environment, as `make run` and E2B's unit give it: the daemon scrubs it,
+    // so the new image has it only from the handover.
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = builder()
+        .no_token()
+        .env("SANDBOXD_ACCESS_TOKEN", TOKEN)
+        .arg("--upgrade-path")
+        .arg(dir.path().join("envd.next").to_str().unwrap())
+        .start();
+    init(&daemon, json!({"timestamp": "2030-01-01T00:00:00Z"}));
+    assert_eq!(upgrade(&daemon, TOKEN, &[], b""), "");
+    daemon.log_with(|line| line.contains("upgrade: took over from sandboxd "));
+    assert_eq!(
+        daemon.call_with("GET", "/envs", &[], b"").status,
+        401,
+        "enforced"
+    );
+    assert_eq!(daemon.get("/envs").status, 200);
+    let warnings: Vec<String> = daemon
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("no access token configured"))
+        .collect();
+    assert!(warnings.is_empty(), "{:?}", daemon.log());
+}
+
+#[test]
 fn a_binary_that_does_not_run_is_400_and_the_old_daemon_serves_on() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = daemon_upgrading_into(dir.path());

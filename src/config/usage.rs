@@ -6,11 +6,13 @@ use super::envd::ENVD_FLAGS;
 use super::options::{Fallback, OPTIONS};
 
 const HEAD: &str = "\
-sandboxd: the HTTP daemon inside a sandbox (files, compose, metrics, environment)
+sandboxd: the daemon inside every sandbox, a drop-in for E2B's envd. Over HTTP: files (download,
+upload, compose, tar archives), envd's Connect filesystem and process services, metrics, the
+environment, and the platform's /init, freezes, port forwarding and live upgrade.
 
 Usage:
   sandboxd [OPTIONS]                 serve
-  sandboxd --healthcheck [ADDR]      probe a running daemon's /health; exit 0 if healthy
+  sandboxd --healthcheck [HOST:PORT] probe a running daemon's /health; exit 0 if healthy
   sandboxd sign PATH [SIGN OPTIONS]  print a signed download/upload URL
   sandboxd --help | --version
   sandboxd -version                  print only the envd API level implemented (as envd does)
@@ -28,6 +30,10 @@ under the name envd, sandboxd reads the metadata service at 169.254.169.254:80 u
 or --mmds-address is given:
 ";
 
+const SIGN_HEAD: &str = "\
+Usage: sandboxd sign PATH [SIGN OPTIONS]: print a signed download/upload URL for PATH
+";
+
 const TAIL: &str = "
 Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
   --username NAME   --operation read|write [read]   --expires-in SECS [3600]
@@ -38,6 +44,11 @@ Sign options (token from SANDBOXD_ACCESS_TOKEN or --access-token-file):
 /// Help sentences are wrapped to this many columns, indented this far.
 const WIDTH: usize = 96;
 const INDENT: usize = 6;
+
+/// The text `sandboxd sign --help` prints.
+pub fn sign_help() -> String {
+    format!("{SIGN_HEAD}{TAIL}")
+}
 
 /// The text `sandboxd --help` prints.
 pub fn help() -> String {
