@@ -21,7 +21,6 @@ mod users;
 pub use forward::{FORWARD_ADDRESS, FORWARD_MAX_CONNECTIONS, FORWARD_MAX_PORTS};
 #[cfg(test)]
 pub use parse::default_workers;
-pub use parse::parse_addr;
 pub use server::{
     ACCESS_TOKEN, ACCESS_TOKEN_FILE, BODY_TIMEOUT, DRAIN_TIMEOUT, HEADER_TIMEOUT, IDLE_TIMEOUT,
     INIT_TOKEN_HASH_FILE, LISTEN, LOG_FORMAT, SEND_TIMEOUT, WORKERS,

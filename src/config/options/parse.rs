@@ -18,7 +18,7 @@ pub fn default_workers() -> usize {
     (cpus * 4).clamp(4, 64)
 }
 
-pub fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
+pub(super) fn parse_addr(flag: &str, text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:49983"))
 }
