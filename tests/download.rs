@@ -556,10 +556,14 @@ fn missing_directory_and_special_files() {
             home.join("file/below").display()
         ),
     );
-    fetch(&daemon, "GET", &files("~"), &[])
-        .assert_error(400, &format!("path '{}' is a directory", home.display()));
-    fetch(&daemon, "GET", &files(""), &[])
-        .assert_error(400, &format!("path '{}' is a directory", home.display()));
+    fetch(&daemon, "GET", &files("~"), &[]).assert_error(
+        400,
+        &format!("path '{}' is a directory{TAR_HINT}", home.display()),
+    );
+    fetch(&daemon, "GET", &files(""), &[]).assert_error(
+        400,
+        &format!("path '{}' is a directory{TAR_HINT}", home.display()),
+    );
 
     let fifo = home.join("fifo");
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();

@@ -636,7 +636,7 @@ fn odd_paths_on_download_upload_and_compose() {
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, b"outside");
     let reply = get(&format!("path={}", enc("/../../..")));
-    reply.assert_error(400, "path '/' is a directory");
+    reply.assert_error(400, &format!("path '/' is a directory{TAR_HINT}"));
     let landed = daemon.dir.path().join("climbed.bin");
     let reply = post(&format!("path={}", enc(&climb(&landed))));
     assert_eq!(reply.status, 200, "{}", reply.text());
@@ -652,10 +652,17 @@ fn odd_paths_on_download_upload_and_compose() {
         .assert_error(400, "destination is a directory: /");
 
     // Trailing slashes are cleaned lexically (SPEC §4, Go's filepath.Clean, as envd does):
-    // `dir/` is the directory, `file.txt/` the file.
+    // `dir/` is the directory, `file.txt/` the file (for reads, as envd's filepath.Clean).
     let dir = home.join("dir");
-    get("path=dir/").assert_error(400, &format!("path '{}' is a directory", dir.display()));
-    get("path=dir//").assert_error(400, &format!("path '{}' is a directory", dir.display()));
+    let hint = TAR_HINT;
+    get("path=dir/").assert_error(
+        400,
+        &format!("path '{}' is a directory{hint}", dir.display()),
+    );
+    get("path=dir//").assert_error(
+        400,
+        &format!("path '{}' is a directory{hint}", dir.display()),
+    );
     assert_eq!(get("path=file.txt/").body, b"file");
     post("path=dir/").assert_error(400, &format!("path '{}' is a directory", dir.display()));
     compose(json!({"source_paths": ["a.part"], "destination": "dir/"})).assert_error(
@@ -668,6 +675,28 @@ fn odd_paths_on_download_upload_and_compose() {
     );
     let missing = home.join("missing");
     get("path=missing/").assert_error(404, &format!("path '{}' does not exist", missing.display()));
+    // A write's path ending with '/' names a directory: never a file of that name (it used to
+    // make a file named `missing`), nor a file replaced through `file.txt/`.
+    let names_dir = |path: &Path| {
+        format!(
+            "path '{}/' ends with '/': it names a directory, not a file to write",
+            path.display()
+        )
+    };
+    post("path=missing/").assert_error(400, &names_dir(&missing));
+    let put = daemon.call("PUT", "/files?path=missing/", b"new");
+    put.assert_error(400, &names_dir(&missing));
+    let file = home.join("file.txt");
+    post("path=file.txt/").assert_error(400, &names_dir(&file));
+    compose(json!({"source_paths": ["a.part"], "destination": "missing/"})).assert_error(
+        400,
+        &format!(
+            "destination '{}/' ends with '/': it names a directory, not a file to write",
+            missing.display()
+        ),
+    );
+    assert!(!missing.exists());
+    assert_eq!(fs::read(&file).unwrap(), b"file");
     assert_eq!(fs::read(home.join("dir/inside.txt")).unwrap(), b"inside");
     assert_eq!(fs::read(home.join("a.part")).unwrap(), b"part");
     assert!(temporaries(&home).is_empty());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::{collect_json, parse_json};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::fs::{compose, dirs};
+use crate::fs::{compose, dirs, paths};
 use crate::http::{Action, Head, Response};
 
 /// Most sources in one compose (SPEC §10).
@@ -50,10 +50,17 @@ fn post(app: &App, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
     // Everything below touches the disk as the user (`--fs-as-user`); the guard ends with
     // the call.
     let _as_user = app.as_user(&resolver.user)?;
-    let destination = resolver.resolve(&destination)?;
+    let raw_destination = destination;
+    let destination = resolver.resolve(&raw_destination)?;
     let plan = compose::validate(destination, sources.iter().map(String::as_str), |raw| {
         resolver.resolve(raw)
     })?;
+    if paths::ends_as_directory(&raw_destination) {
+        return Err(ApiError::bad_request(format!(
+            "destination '{}/' ends with '/': it names a directory, not a file to write",
+            plan.destination().display()
+        )));
+    }
     plan.run(resolver.user.uid, resolver.user.gid)?;
     let record = dirs::file_record(plan.destination());
     Ok(Response::json(200, record.to_string().into_bytes()))

@@ -14,6 +14,13 @@ use crate::fs::users::User;
 /// The longest path, in bytes, a client may send (SPEC §10).
 pub const MAX_PATH_BYTES: usize = 4096;
 
+/// Whether a client's path for a file to write names a directory by its form: it ends with `/`
+/// (`dir/`, `~/`). Resolution drops the slash (Go's `filepath.Clean`), so a write checks this
+/// on the raw path: `PUT ?path=dir/` must not make a file named `dir` (SPEC §4).
+pub fn ends_as_directory(raw: &str) -> bool {
+    raw.ends_with('/')
+}
+
 /// SPEC §4 resolution. Lexical only (never touches the disk).
 ///
 /// The result is always absolute and normalised: a relative home or default workdir is taken

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "test-token-0123456789";
+/// What a download of a directory without `format=tar` adds to "path '...' is a directory".
+pub const TAR_HINT: &str = ": add format=tar to download it as a tar archive";
 /// uid/gid of the test user: different from the test runner's, so ownership is observable.
 pub const USER_UID: u32 = 4242;
 pub const USER_GID: u32 = 4343;

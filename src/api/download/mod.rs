@@ -99,7 +99,7 @@ fn check_regular(kind: FileType, path: &Path) -> Result<(), ApiError> {
         Ok(())
     } else if kind.is_dir() {
         Err(ApiError::bad_request(format!(
-            "path '{}' is a directory",
+            "path '{}' is a directory: add format=tar to download it as a tar archive",
             path.display()
         )))
     } else {

@@ -56,8 +56,8 @@ use crate::app::{self, App, Resolver};
 use crate::auth::Operation;
 use crate::error::ApiError;
 use crate::fs::atomic::{self, Finished, Staged};
-use crate::fs::dirs;
 use crate::fs::user_metadata::UserMetadata;
+use crate::fs::{dirs, paths};
 use crate::http::date;
 use crate::http::multipart::{self, Event, Parser};
 use crate::http::{Action, BodySink, Head, Response};
@@ -127,7 +127,7 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
                 })
             })?;
             let destination = resolver.resolve(raw)?;
-            check_target(&destination)?;
+            check_target(&destination, raw)?;
             let user = &resolver.user;
             Box::new(RawUpload {
                 staged: Staged::create(&destination, user.uid, user.gid, &metadata)?,
@@ -222,11 +222,16 @@ fn body_kind(head: &Head) -> Result<Kind, ApiError> {
     }
 }
 
-/// 400 when `path` is an existing directory; anything else may be replaced.
-fn check_target(path: &Path) -> Result<(), ApiError> {
+/// 400 when `path` is an existing directory, or `raw` (the client's path) ends with `/`;
+/// anything else may be replaced.
+fn check_target(path: &Path, raw: &str) -> Result<(), ApiError> {
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(ApiError::bad_request(format!(
             "path '{}' is a directory",
+            path.display()
+        ))),
+        _ if paths::ends_as_directory(raw) => Err(ApiError::bad_request(format!(
+            "path '{}/' ends with '/': it names a directory, not a file to write",
             path.display()
         ))),
         _ => Ok(()),
@@ -366,7 +371,7 @@ impl MultipartUpload {
                 destination.display()
             )));
         }
-        check_target(&destination)?;
+        check_target(&destination, raw)?;
         let user = &self.resolver.user;
         let staged = Staged::create(&destination, user.uid, user.gid, &self.metadata)?;
         Ok(staged)
