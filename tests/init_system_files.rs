@@ -210,24 +210,25 @@ fn hyperloop_ip_sets_one_hosts_entry_and_the_events_address() {
     assert_eq!(std::fs::metadata(r.join("etc/hosts")).unwrap().ino(), inode);
     assert_eq!(envs(&daemon)["E2B_EVENTS_ADDRESS"], "http://10.11.0.1");
 
-    // IPv6 replaces it: one entry for the name whatever the family.
+    // IPv6 is added beside it: one entry per address family, as envd's hosts library keeps.
     assert_eq!(
         init(&daemon, json!({"hyperloopIP": "FD00:0::1"})).status,
         204
     );
     assert_eq!(
         read(r, "etc/hosts"),
-        format!("{base}fd00::1          events.e2b.local\n")
+        format!("{base}10.11.0.1        events.e2b.local\nfd00::1          events.e2b.local\n")
     );
     assert_eq!(envs(&daemon)["E2B_EVENTS_ADDRESS"], "http://[fd00::1]");
     assert_eq!(events_address_seen(&daemon), "http://[fd00::1]");
+    // A new IPv4 address replaces the IPv4 entry only.
     assert_eq!(
         init(&daemon, json!({"hyperloopIP": "10.11.0.2"})).status,
         204
     );
     assert_eq!(
         read(r, "etc/hosts"),
-        format!("{base}10.11.0.2        events.e2b.local\n")
+        format!("{base}fd00::1          events.e2b.local\n10.11.0.2        events.e2b.local\n")
     );
     assert_eq!(names(&r.join("etc")), ["hosts", "ssl"]);
 }

@@ -1,15 +1,16 @@
 //! `/init`'s `hyperloopIP`: the `events.e2b.local` line of `/etc/hosts` (under `--system-root`),
 //! which points sandboxed code at the orchestrator's event service (envd: `SetupHyperloop`).
 //!
-//! [`set_entry`] is a pure editor: it leaves the name on exactly one line, its own, and every
-//! other line byte for byte (comments, blank lines, spacing, CRLF, other names of a line the
-//! name shared). It reads lines as glibc does: a `#` starts a comment, the first field is the
-//! address and the others are names, compared without regard to ASCII case. [`set_events_entry`]
-//! reads, edits and writes the file atomically (`atomic_file`).
+//! [`set_entry`] is a pure editor: it leaves the name on exactly one line of the new address's
+//! family, its own, and every other line byte for byte (comments, blank lines, spacing, CRLF,
+//! other names of a line the name shared, the name's line of the other family). It reads lines
+//! as glibc does: a `#` starts a comment, the first field is the address and the others are
+//! names, compared without regard to ASCII case. [`set_events_entry`] reads, edits and writes
+//! the file atomically (`atomic_file`).
 //!
-//! envd (`txeh`) re-renders every address line of the file and keeps one entry *per address
-//! family*, so a new IPv6 address leaves the old IPv4 line in place; here the name has one line
-//! whatever the family, so it always resolves to the address `/init` sent last.
+//! As envd (`txeh`'s `AddHost`), the name keeps one entry *per address family*: a new IPv6
+//! address replaces the IPv6 entry and leaves the IPv4 one, so a sandbox given both resolves
+//! the name in either family. Unlike `txeh`, the other lines are not re-rendered.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -76,14 +77,25 @@ fn fields(line: &[u8]) -> Vec<(usize, usize)> {
     fields
 }
 
-/// `text` with `name` mapped to `address` alone: the name removed from every line that has it
-/// (a line left with no name goes, with its comment), then `<address padded to 16> <name>`
-/// appended on a line of its own (envd's format) with the file's line ending. `None` when the
-/// name is already on exactly one line, with that address.
+/// `text` with `name` mapped to `address` alone in its family: the name removed from every
+/// line whose address is of that family (a line left with no name goes, with its comment), then
+/// `<address padded to 16> <name>` appended on a line of its own (envd's format) with the file's
+/// line ending. `None` when the name is already on exactly one line of the family, with that
+/// address.
 pub fn set_entry(text: &[u8], name: &str, address: IpAddr) -> Option<Vec<u8>> {
+    let same_family = |line: &Line| {
+        line.address()
+            .is_some_and(|other| other.is_ipv4() == address.is_ipv4())
+    };
     let lines: Vec<Line> = text
         .split_inclusive(|&b| b == b'\n')
         .map(|text| Line::new(text, name))
+        .map(|mut line| {
+            if !same_family(&line) {
+                line.names.clear();
+            }
+            line
+        })
         .collect();
     if let [line] = lines
         .iter()
@@ -180,16 +192,26 @@ mod tests {
     }
 
     #[test]
-    fn a_new_address_replaces_the_entry_of_either_family() {
+    fn a_new_address_replaces_the_entry_of_its_own_family_only() {
         let once = set(BASE, "10.11.0.1").unwrap();
         let twice = set(&once, "10.11.0.2").unwrap();
         assert_eq!(twice, format!("{BASE}10.11.0.2        events.e2b.local\n"));
-        // IPv6 replaces the IPv4 entry (envd would keep both), and back.
+        // IPv6 is added beside the IPv4 entry (as envd's txeh keeps one per family)...
         let v6 = set(&twice, "FD00::0001").unwrap();
-        assert_eq!(v6, format!("{BASE}fd00::1          events.e2b.local\n"));
+        let both =
+            format!("{BASE}10.11.0.2        events.e2b.local\nfd00::1          events.e2b.local\n");
+        assert_eq!(v6, both);
+        assert_eq!(set(&v6, "fd00::1"), None);
+        assert_eq!(set(&v6, "10.11.0.2"), None);
+        // ...and a new IPv4 address replaces only the IPv4 one.
         assert_eq!(
             set(&v6, "10.11.0.3").unwrap(),
-            format!("{BASE}10.11.0.3        events.e2b.local\n")
+            format!("{BASE}fd00::1          events.e2b.local\n10.11.0.3        events.e2b.local\n")
+        );
+        // A line whose first field is no address is never the name's entry: kept.
+        assert_eq!(
+            set("bogus events.e2b.local\n", "10.0.0.1").unwrap(),
+            "bogus events.e2b.local\n10.0.0.1         events.e2b.local\n"
         );
     }
 
@@ -205,6 +227,7 @@ mod tests {
             set(text, "10.11.0.1").unwrap(),
             "127.0.0.1 localhost\n\
              10.0.0.8\tapi\tweb # shared\n\
+             fd00::9 Events.E2B.Local\n\
              # events.e2b.local in a comment stays\n\
              10.0.0.7 events.e2b.local.example\n\
              10.11.0.1        events.e2b.local\n"
