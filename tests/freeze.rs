@@ -194,6 +194,75 @@ fn hierarchy_freezes_the_guests_groups_too_and_leaves_the_guests_own_freezes() {
     let _ = child.wait();
 }
 
+/// The `/init` that thaws a hierarchy freeze says what the freeze held, as envd's
+/// `X-Envd-Freeze-Audit` (E2B's orchestrator reads it): effectively frozen groups, groups made
+/// after the sweep (escaped), allowlisted ones found frozen (violations). Only that `/init`.
+#[test]
+fn the_init_after_a_hierarchy_freeze_carries_envds_freeze_audit() {
+    let Some(cgroup) = TestCgroup::make() else {
+        return;
+    };
+    let daemon = daemon_in(&cgroup, &[]);
+    assert_eq!(
+        daemon
+            .call("POST", "/init", b"{}")
+            .header("x-envd-freeze-audit"),
+        None
+    );
+    let (custom, paused, mut child) = guest_groups(&cgroup);
+    std::fs::create_dir(custom.join("inner")).unwrap();
+    let (status, result) = freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000");
+    assert_eq!(status, 200, "{result}");
+    // After the sweep: a group made (escaped) and the allowlisted one frozen (a violation).
+    let late = cgroup.child("late");
+    std::fs::create_dir(&late).unwrap();
+    std::fs::write(cgroup.child("socats").join("cgroup.freeze"), "1").unwrap();
+    eventually(
+        || frozen(&cgroup.child("socats")),
+        "socats frozen by the test",
+    );
+    let reply = daemon.call("POST", "/init", b"{}");
+    assert_eq!(reply.status, 204);
+    // The directory, custom, custom/inner, paused, ptys, socats, user, late: frozen are
+    // custom, custom/inner (its parent's freeze), paused (the guest's), ptys, user.
+    assert_eq!(
+        reply.header("x-envd-freeze-audit"),
+        Some(r#"{"visited":8,"frozen":5,"escaped":1,"violations":1,"truncated":false}"#)
+    );
+    daemon.log_with(|l| {
+        l.contains("init: 1 cgroups the resume depends on were frozen: [\"socats\"]")
+    });
+    daemon.log_with(|l| l.contains("init: 1 cgroups escaped the hierarchy freeze"));
+    eventually(
+        || !frozen(&custom) && !frozen(&cgroup.child("socats")),
+        "thawed",
+    );
+    assert!(frozen(&paused), "the guest's own freeze is left");
+    // Thawed: the next /init has nothing to audit; nor has one after a legacy freeze, nor one
+    // whose body is refused after a hierarchy freeze (it carries the audit all the same).
+    assert_eq!(
+        daemon
+            .call("POST", "/init", b"{}")
+            .header("x-envd-freeze-audit"),
+        None
+    );
+    assert_eq!(freeze(&daemon, "?maxWaitMs=5000").0, 200);
+    assert_eq!(
+        daemon
+            .call("POST", "/init", b"{}")
+            .header("x-envd-freeze-audit"),
+        None
+    );
+    assert_eq!(freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000").0, 200);
+    let refused = daemon.call("POST", "/init", br#"{"defaultWorkdir": "relative"}"#);
+    assert_eq!(refused.status, 400);
+    assert!(refused.header("x-envd-freeze-audit").is_some());
+    std::fs::remove_dir(&late).unwrap();
+    std::fs::remove_dir(custom.join("inner")).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// `/collapse`: envd's fields, every window accounted for; on a kernel without
 /// `MADV_COLLAPSE` the answer says so instead of counting failures.
 #[test]

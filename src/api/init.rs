@@ -6,7 +6,9 @@
 //! envd's:
 //!
 //! 1. the body is parsed, `timestamp` included: malformed is 400;
-//! 2. the caller is authorised, else 401 (below);
+//! 2. the caller is authorised, else 401 (below); the processes' cgroups are thawed, a
+//!    `hierarchy` freeze of this image's audited first (`platform::cgroups::audit`): its counts
+//!    ride this answer, errors included, as `X-Envd-Freeze-Audit`;
 //! 3. an `/init` whose `timestamp` is older than the newest one applied changes nothing: 204;
 //! 4. every field is validated before anything changes (400, or 401 for an unknown user);
 //! 5. the clock is set from `timestamp`, in a Firecracker guest only (`platform::clock`; a
@@ -47,6 +49,8 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::fs::users;
 use crate::http::{Action, Head, Response};
+use crate::log;
+use crate::platform::cgroups::audit::Audit;
 use crate::platform::{clock, init_files, volumes};
 
 /// The envd API level sandboxd fully implements: printed by `sandboxd -version` (E2B's template
@@ -162,8 +166,49 @@ pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiErro
     let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
     let change = init_token::authorise(app, head, body.access_token.as_deref())?;
     app.mark_initialized();
-    // As envd's deferred thaw: any authorised /init (a resume) thaws the processes' cgroups.
-    app.cgroups.thaw();
+    // As envd's deferred thaw: any authorised /init (a resume) thaws the processes' cgroups,
+    // the frozen set audited first when this image's hierarchy sweep made it.
+    let (audit, _) = app.cgroups.audit_and_thaw();
+    let applied = apply_authorised(app, body, timestamp, change);
+    let Some(audit) = audit else {
+        return applied;
+    };
+    log_audit(&audit);
+    let response = applied.unwrap_or_else(Response::from);
+    Ok(response.with_header("X-Envd-Freeze-Audit", audit.header()))
+}
+
+/// The resume audit's findings for an operator: the counts, and the guest's names escaped.
+fn log_audit(audit: &Audit) {
+    if audit.truncated {
+        log::line(format_args!(
+            "init: the resume audit stopped at its bound after {} cgroups; the rest was not \
+             classified",
+            audit.visited
+        ));
+    }
+    if audit.violations > 0 {
+        log::line(format_args!(
+            "init: {} cgroups the resume depends on were frozen: {:?}",
+            audit.violations, audit.violation_paths
+        ));
+    }
+    if audit.escaped > 0 {
+        log::line(format_args!(
+            "init: {} cgroups escaped the hierarchy freeze (made after it, or past its bound): \
+             {:?}",
+            audit.escaped, audit.escaped_paths
+        ));
+    }
+}
+
+/// Everything of an authorised `/init` after the thaw.
+fn apply_authorised(
+    app: &App,
+    body: InitBody,
+    timestamp: Option<i128>,
+    change: init_token::TokenChange,
+) -> Result<Response, ApiError> {
     if let Some(mmds) = &app.mmds {
         // As envd after every authorised /init: a resumed or forked sandbox has a new identity.
         mmds.poll();

@@ -14,6 +14,8 @@
 //! - **Wait.** With a budget (`maxWaitMs`), the `cgroup.events` of each written group is read
 //!   until it says `frozen 1`; between reads the freezer sleeps in `poll(POLLPRI)`, which the
 //!   kernel wakes when the file changes (envd polls every 2 ms), at most 10 ms at a time.
+//! - **Audit.** `/init`'s thaw of this image's `hierarchy` freeze is preceded, under the same
+//!   lock, by the resume audit (`super::audit`), whose counts ride that `/init`'s answer.
 //! - **Thaw** (`/unfreeze`, `/init`, the watchdog): every cgroup below the directory whose
 //!   `cgroup.freeze` reads 1, less the guest's, gets 0 (at most 8192 visited). With no freeze
 //!   of this daemon's in effect, only `user` and `ptys` are looked at: the directory may be the
@@ -31,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
+use super::audit::{self, Audit};
 use super::{events, write_property, Cgroups, Group, Groups};
 use crate::platform::watchdog::Watchdog;
 use crate::sys::poll::{poll_ready, Interest};
@@ -131,6 +134,9 @@ pub struct Freezer {
 struct State {
     /// A freeze of ours is in effect.
     active: bool,
+    /// The mode of the sweep in effect, when this image made it (a freeze taken over from a
+    /// previous image has none): what the resume audit may judge.
+    swept: Option<Mode>,
     /// What the guest had frozen before it (a few paths: a list).
     guest_frozen: Vec<PathBuf>,
 }
@@ -213,6 +219,9 @@ impl Cgroups {
         }
         result.requested = written.len();
         state.active = true;
+        // A legacy sweep after a hierarchy one leaves the hierarchy's groups frozen, but it is
+        // the last sweep that says what the freeze meant to stop (envd's sweep state).
+        state.swept = Some(options.mode);
         result.sweep_ms = millis(sweep_start.elapsed());
         if !written.is_empty() {
             let weak = Arc::downgrade(self);
@@ -238,9 +247,15 @@ impl Cgroups {
         }
     }
 
-    /// `/init`'s thaw: waits for a freeze in progress, then thaws; a failure is logged.
-    pub fn thaw(&self) -> ThawResult {
+    /// `/init`'s audit and thaw: waits for a freeze in progress, then, under its lock so no
+    /// other thaw runs between the two, audits when this image's `hierarchy` sweep is in
+    /// effect (`audit`) and thaws; a failed thaw is logged.
+    pub fn audit_and_thaw(&self) -> (Option<Audit>, ThawResult) {
         let state = self.freezer.state.lock().unwrap_or_else(|e| e.into_inner());
+        let audit = match (self.groups(), state.active, state.swept) {
+            (Some(groups), true, Some(Mode::Hierarchy)) => Some(audit::audit(groups)),
+            _ => None,
+        };
         let result = self.thaw_locked(state);
         if result.failed > 0 {
             crate::log::line(format_args!(
@@ -248,7 +263,7 @@ impl Cgroups {
                 result.failed, result.thawed
             ));
         }
-        result
+        (audit, result)
     }
 
     fn thaw_locked(&self, mut state: MutexGuard<'_, State>) -> ThawResult {
@@ -277,6 +292,7 @@ impl Cgroups {
             }
         }
         state.active = false;
+        state.swept = None;
         self.freezer.watchdog.disarm();
         *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = false;
         result
@@ -350,7 +366,7 @@ fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> 
 }
 
 /// What a walk does with a cgroup it visits.
-enum Visit {
+pub(super) enum Visit {
     /// Neither: leave it and what is below.
     Skip,
     /// Look below it.
@@ -363,7 +379,7 @@ enum Visit {
 
 /// The cgroups below `root` that `visit` picks, breadth first, at most `max` visited; how many
 /// were, and whether the bound stopped the walk.
-fn walk(
+pub(super) fn walk(
     root: &Path,
     max: usize,
     visit: &mut dyn FnMut(&Path) -> Visit,

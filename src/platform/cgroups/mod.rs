@@ -20,6 +20,7 @@
 //! cgroup v2, or without the right to make the groups, one log line says why and every process
 //! runs in the daemon's group: never a failed command. The freezes are `freeze`'s.
 
+pub mod audit;
 pub mod events;
 pub mod freeze;
 mod handover;
@@ -117,6 +118,17 @@ impl Groups {
             .iter()
             .find(|(g, _, _)| *g == group)
             .map(|(_, path, _)| path.as_path())
+    }
+
+    /// Groups at these paths, for a test that reads the tree only (no `cgroup.procs` held).
+    #[cfg(test)]
+    pub fn for_test(root: PathBuf, own: Option<PathBuf>, dirs: &[(Group, PathBuf)]) -> Groups {
+        let null = || Arc::new(File::open("/dev/null").expect("/dev/null"));
+        Groups {
+            root,
+            own,
+            dirs: dirs.iter().map(|(g, p)| (*g, p.clone(), null())).collect(),
+        }
     }
 
     /// The open `cgroup.procs` a child of `group` writes itself to.
