@@ -3,9 +3,10 @@ TARGET  := x86_64-unknown-linux-musl
 BIN     := target/$(TARGET)/release/sandboxd
 ADDR    ?= 127.0.0.1:49983
 CARGO   ?= cargo
-# Every daemon a target starts (run, test, bench, soak, sdk-test) makes no cgroups beside the
+# Every daemon a target starts (test, bench, soak, sdk-test) makes no cgroups beside the
 # machine's own and freezes no real filesystem unless told: the defaults are the daemon's own
-# cgroup v2 directory and /. A flag, or these variables set by the caller, win.
+# cgroup v2 directory and /. A flag, or these variables set by the caller, win. (`run` makes a
+# cgroup and a filesystem of its own: scripts/run-sandbox.)
 export SANDBOXD_PROCESS_CGROUPS ?= off
 export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze
 
@@ -20,13 +21,12 @@ $(BIN): FORCE
 
 FORCE:
 
-# Starts the daemon in the foreground with a throwaway token (printed) and the real /etc/passwd.
+# Starts the daemon in the foreground in a sandbox of its own under target/run (users root and
+# user, homes, a freezable filesystem and process cgroups where the machine allows), in which
+# every README example works; it prints what to `source` in another terminal. RUN_DIR, ADDR.
+RUN_DIR ?= target/run
 run: build
-	@token=$${SANDBOXD_ACCESS_TOKEN:-$$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}; \
-	echo "sandboxd on http://$(ADDR)  token: $$token"; \
-	echo "  curl -i http://$(ADDR)/health"; \
-	echo "  curl -s -H 'X-Access-Token: $$token' http://$(ADDR)/envs"; \
-	SANDBOXD_ACCESS_TOKEN=$$token exec $(BIN) --listen $(ADDR)
+	@scripts/run-sandbox $(BIN) $(RUN_DIR) $(ADDR)
 
 test: lint unit integration
 

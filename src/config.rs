@@ -1,7 +1,7 @@
 //! Command line and environment: what to run and with which settings (SPEC §1).
 //!
 //! Every daemon flag has a `SANDBOXD_*` variable; the flag wins. The options themselves, their
-//! defaults and their help are one table (`options`); `usage` renders `--help` and the README's
+//! defaults and their help are one table (`options`); `usage` renders `--help` and docs/usage.md's
 //! table from it. Parsing is pure (arguments and an environment lookup in, a [`Command`] or a
 //! one-line error out) so tests feed it literals.
 

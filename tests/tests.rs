@@ -73,6 +73,8 @@ mod process_service;
 // Connect's binary protobuf codec with fixtures from a foreign encoder: every method in both
 // codecs, the orchestrator's flows, errors, unknown fields, gzip.
 mod proto_codec;
+// README.md works as written: every command block run against `make run`'s sandbox, in order.
+mod readme;
 // The route table, the router and docs/openapi.yaml agree.
 mod route_table;
 // Routing, errors, auth, /health, /envs, /init.

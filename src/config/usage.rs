@@ -1,6 +1,6 @@
-//! `--help` and the README's configuration table, both rendered from the option table
-//! (`super::options`). The README holds its copy between two marker comments; a test here fails
-//! when it differs and says how to rewrite it.
+//! `--help` and the configuration table of docs/usage.md (which the README links to), both
+//! rendered from the option table (`super::options`). docs/usage.md holds its copy between two
+//! marker comments; a test here fails when it differs and says how to rewrite it.
 
 use super::envd::ENVD_FLAGS;
 use super::options::{Fallback, OPTIONS};
@@ -73,7 +73,7 @@ pub fn help() -> String {
     out
 }
 
-/// The README's configuration table, in Markdown (only the README test needs it).
+/// docs/usage.md's configuration table, in Markdown (only the test below needs it).
 #[cfg(test)]
 fn markdown() -> String {
     let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
@@ -125,15 +125,18 @@ mod tests {
         UPDATE_README=1 cargo test --lib readme_configuration_table rewrites it -->\n";
     const END: &str = "<!-- options:end -->";
 
-    /// The README's table is the rendered option table. `UPDATE_README=1` rewrites it.
+    /// docs/usage.md's table is the rendered option table. `UPDATE_README=1` rewrites it (the
+    /// name it had when the table was in the README).
     #[test]
     fn readme_configuration_table_is_the_option_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-        let readme = std::fs::read_to_string(path).unwrap();
-        let (before, rest) = readme
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/usage.md");
+        let usage = std::fs::read_to_string(path).unwrap();
+        let (before, rest) = usage
             .split_once(BEGIN)
-            .expect("README.md has no options:begin");
-        let (block, after) = rest.split_once(END).expect("README.md has no options:end");
+            .expect("docs/usage.md has no options:begin");
+        let (block, after) = rest
+            .split_once(END)
+            .expect("docs/usage.md has no options:end");
         let expected = markdown();
         if block == expected {
             return;
@@ -143,7 +146,7 @@ mod tests {
             return;
         }
         panic!(
-            "README.md's configuration table differs from the option table in \
+            "docs/usage.md's configuration table differs from the option table in \
              src/config/options/. Rewrite it with\n  \
              UPDATE_README=1 cargo test --lib readme_configuration_table\n\
              Expected between the markers:\n{expected}"

@@ -1,6 +1,6 @@
 //! The option table: every daemon option once, with its flag, environment variable, value
 //! placeholder, default, help sentence and parser. `Config` is built from it (`super`), and
-//! `--help` and the README's configuration table are rendered from it (`super::usage`).
+//! `--help` and docs/usage.md's configuration table are rendered from it (`super::usage`).
 //!
 //! An option that fills a `Config` field is a [`Setting`]: its row ([`Opt`]) and the parser of
 //! its text. Code reads a setting through its constant (`LISTEN`), never through a flag string,
@@ -31,7 +31,7 @@ pub use system::{
 };
 pub use users::{DEFAULT_USER, DEFAULT_WORKDIR, FS_AS_USER, PASSWD_FILE};
 
-/// What users read about one option: one line of `--help`, one row of the README's table.
+/// What users read about one option: one line of `--help`, one row of docs/usage.md's table.
 pub struct Opt {
     /// `--listen`; `None` for the variable that has no flag (the token itself).
     pub flag: Option<&'static str>,
@@ -80,7 +80,7 @@ impl<T> Setting<T> {
     }
 }
 
-/// Every option, in the order `--help` and the README list them.
+/// Every option, in the order `--help` and docs/usage.md list them.
 pub const OPTIONS: &[Opt] = &[
     LISTEN.opt,
     ACCESS_TOKEN_FILE.opt,

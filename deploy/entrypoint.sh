@@ -9,7 +9,7 @@
 #
 # Dockerfile:
 #   COPY target/x86_64-unknown-linux-musl/release/sandboxd /usr/local/bin/sandboxd
-#   COPY scripts/init/entrypoint.sh /entrypoint.sh
+#   COPY deploy/entrypoint.sh /entrypoint.sh
 #   ENTRYPOINT ["/entrypoint.sh"]
 #   STOPSIGNAL SIGTERM
 #   HEALTHCHECK --interval=10s --timeout=3s --start-period=2s --retries=3 \
