@@ -55,7 +55,9 @@ fn steps(readme: &str) -> Result<Vec<Step>, String> {
         let before = lines[..start].iter().rev().find(|l| !l.trim().is_empty());
         if let Some(reason) = before.and_then(|l| l.strip_prefix("<!-- not run: ")) {
             if reason.trim_end_matches("-->").trim().is_empty() {
-                return Err(format!("README.md:{start}: a not-run mark without a reason"));
+                return Err(format!(
+                    "README.md:{start}: a not-run mark without a reason"
+                ));
             }
             continue;
         }
@@ -98,7 +100,9 @@ fn steps(readme: &str) -> Result<Vec<Step>, String> {
 /// `line` matches `pattern`, in which `...` stands for any text.
 fn line_matches(pattern: &str, line: &str) -> bool {
     let pieces: Vec<&str> = pattern.split("...").collect();
-    let (first, rest) = pieces.split_first().expect("split yields one piece at least");
+    let (first, rest) = pieces
+        .split_first()
+        .expect("split yields one piece at least");
     let Some(mut left) = line.strip_prefix(first) else {
         return false;
     };
@@ -193,7 +197,10 @@ impl Sandbox {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("scripts/run-sandbox did not stop on SIGTERM:\n{}", self.log());
+                panic!(
+                    "scripts/run-sandbox did not stop on SIGTERM:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -286,7 +293,10 @@ fn every_readme_command_does_what_the_readme_shows() {
     // The clean-up: the image unmounted, the cgroup removed.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let run_dir = run_dir.to_str().unwrap();
-    assert!(!mounts.contains(run_dir), "still mounted after exit:\n{mounts}");
+    assert!(
+        !mounts.contains(run_dir),
+        "still mounted after exit:\n{mounts}"
+    );
     let cgroup2 = mounts
         .lines()
         .find(|l| l.contains(" - cgroup2 "))
@@ -300,7 +310,10 @@ fn every_readme_command_does_what_the_readme_shows() {
 fn the_readme_is_a_front_page() {
     let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
     let count = readme.lines().count();
-    assert!(count <= MAX_LINES, "README.md has {count} lines, more than {MAX_LINES}: move reference to docs/");
+    assert!(
+        count <= MAX_LINES,
+        "README.md has {count} lines, more than {MAX_LINES}: move reference to docs/"
+    );
 }
 
 #[test]
@@ -309,12 +322,23 @@ fn the_readme_parser_reads_transcripts_and_refuses_unmarked_blocks() {
     assert_eq!(
         steps(text).unwrap(),
         vec![
-            Step { line: 3, command: "echo a \\\n  b".into(), expected: vec!["a b".into()] },
-            Step { line: 6, command: "true".into(), expected: vec![] },
+            Step {
+                line: 3,
+                command: "echo a \\\n  b".into(),
+                expected: vec!["a b".into()]
+            },
+            Step {
+                line: 6,
+                command: "true".into(),
+                expected: vec![]
+            },
         ]
     );
     let unmarked = "```sh\nmake run\n```\n";
-    assert!(steps(unmarked).unwrap_err().contains("not marked"), "{unmarked}");
+    assert!(
+        steps(unmarked).unwrap_err().contains("not marked"),
+        "{unmarked}"
+    );
     let no_reason = "<!-- not run: -->\n```sh\nmake run\n```\n";
     assert!(steps(no_reason).unwrap_err().contains("without a reason"));
     let no_prompt = "```console\nout\n```\n";
@@ -329,7 +353,10 @@ fn three_dots_stand_for_any_text_and_a_line_of_them_for_any_lines() {
     assert!(line_matches("exact", "exact"));
     assert!(!line_matches("exact", "exact!"));
     assert!(line_matches("...", ""));
-    assert!(output_matches(&lines("HTTP/1.1 204 No Content\n..."), &["HTTP/1.1 204 No Content", "a: b", ""]));
+    assert!(output_matches(
+        &lines("HTTP/1.1 204 No Content\n..."),
+        &["HTTP/1.1 204 No Content", "a: b", ""]
+    ));
     assert!(output_matches(&lines("one\n...\nthree"), &["one", "three"]));
     assert!(!output_matches(&lines("one\n...\nthree"), &["one", "two"]));
     assert!(!output_matches(&lines("one"), &["one", "two"]));
