@@ -83,10 +83,10 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn create(staging: Staging, turn: Turn) -> Result<Receiver, ApiError> {
+    fn create(mut staging: Staging, turn: Turn) -> Result<Receiver, ApiError> {
         let file = staging
             .create()
-            .map_err(|e| ApiError::internal(format!("cannot create '{}': {e}", staging.shown())))?;
+            .map_err(|e| ApiError::internal(staging.cannot_write(&e)))?;
         Ok(Receiver {
             staging,
             file: Some(file),
@@ -102,8 +102,7 @@ impl Receiver {
             .file
             .take()
             .ok_or_else(|| ApiError::internal("no file"))?;
-        let shown = self.staging.shown();
-        let cannot = |e: std::io::Error| ApiError::internal(format!("cannot write '{shown}': {e}"));
+        let cannot = |e: std::io::Error| ApiError::internal(self.staging.cannot_write(&e));
         file.sync_all()
             .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o755)))
             .map_err(cannot)?;
@@ -131,7 +130,7 @@ impl Receiver {
             )));
         }
         takes_over(&binary, &name)?;
-        self.staging.place().map_err(|e| {
+        self.staging.place(&binary).map_err(|e| {
             ApiError::internal(format!("cannot put the new binary at '{name}': {e}"))
         })?;
         self.placed = true;
@@ -189,12 +188,8 @@ impl BodySink for Receiver {
         let Some(file) = self.file.as_mut() else {
             return Err(ApiError::internal("no file").into());
         };
-        file.write_all(bytes).map_err(|e| {
-            Response::from(ApiError::internal(format!(
-                "cannot write '{}': {e}",
-                self.staging.shown()
-            )))
-        })
+        file.write_all(bytes)
+            .map_err(|e| Response::from(ApiError::internal(self.staging.cannot_write(&e))))
     }
 
     fn end(mut self: Box<Self>) -> Response {

@@ -1,7 +1,8 @@
 //! Where `POST /upgrade` writes the new binary: `--upgrade-path`'s directory, held open once it
 //! is shown to be root's alone, and the staged file in it, made and placed through that
-//! descriptor (`sys::dir::Dir`). What runs is never looked up by path again: the route keeps
-//! the staged file's descriptor and checks and executes it (`sys::exec`).
+//! descriptor (`sys::dir::Dir`): unnamed until placed where the filesystem allows, as
+//! `fs::atomic`'s files. What runs is never looked up by path: the route keeps the staged
+//! file's descriptor and checks and executes it (`sys::exec`).
 //!
 //! **Whose directory.** As sshd's `StrictModes` (`secure_path`): the directory, resolved once
 //! (symlinks the operator put in the path are followed), and every directory above it must be
@@ -30,7 +31,11 @@ pub struct Staging {
     /// `--upgrade-path` as configured, for messages.
     target: PathBuf,
     name: OsString,
+    /// The staged file's name, where it has one (no `O_TMPFILE`: `named`).
     temporary: OsString,
+    named: bool,
+    /// The name the checked binary is linked under to be renamed over the path.
+    placing: OsString,
 }
 
 impl Staging {
@@ -54,38 +59,61 @@ impl Staging {
         let mut temporary = OsString::from(".");
         temporary.push(name);
         temporary.push(format!(".upgrade-{}", std::process::id()));
+        let mut placing = temporary.clone();
+        placing.push(".placing");
         Ok(Staging {
             dir,
             target: target.to_path_buf(),
             name: name.to_os_string(),
             temporary,
+            named: false,
+            placing,
         })
     }
 
-    /// The staged file, created new (not following a symlink), read-write, 0700 until
-    /// placed. A leftover of an upgrade cut short (the daemon killed meanwhile) is replaced.
-    pub fn create(&self) -> io::Result<File> {
-        let _ = self.dir.remove(&self.temporary, false);
+    /// The staged file, read-write, 0700 until placed: unnamed (`O_TMPFILE`), so that no path
+    /// names it before it is placed; where the filesystem has no `O_TMPFILE` (or there is no
+    /// `/proc` to name one through), created new under the staged name, not following a
+    /// symlink (a leftover of an upgrade cut short by a kill is replaced).
+    pub fn create(&mut self) -> io::Result<File> {
+        if crate::sys::file::can_link_unnamed() {
+            match self.dir.create_unnamed(0o700) {
+                Ok(file) => return Ok(file),
+                Err(error) if crate::sys::file::unnamed_unsupported(&error) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        self.named = true;
+        self.discard();
         self.dir.create_file(&self.temporary, 0o700)
     }
 
-    /// Renames the staged file over `--upgrade-path` (a binary running from there keeps
-    /// running: its file is replaced, not rewritten).
-    pub fn place(&self) -> io::Result<()> {
-        self.dir.rename(&self.temporary, &self.dir, &self.name)
+    /// Puts `binary` (the staged file, by its descriptor) at `--upgrade-path`: linked under a
+    /// second name, so that the very file checked is placed whatever the staged name holds by
+    /// then, and renamed over the path (a binary running from there keeps running: its file is
+    /// replaced, not rewritten); a staged name is removed.
+    pub fn place(&self, binary: &File) -> io::Result<()> {
+        let _ = self.dir.remove(&self.placing, false);
+        self.dir.link_file(binary, &self.placing)?;
+        self.dir.rename(&self.placing, &self.dir, &self.name)?;
+        self.discard();
+        Ok(())
     }
 
-    /// Removes the staged file (a body cut short, a binary refused).
+    /// Removes the staged name, if the file has one (a body cut short, a binary refused).
     pub fn discard(&self) {
-        let _ = self.dir.remove(&self.temporary, false);
+        if self.named {
+            let _ = self.dir.remove(&self.temporary, false);
+        }
     }
 
-    /// The staged file's path, for messages.
-    pub fn shown(&self) -> String {
-        self.target
-            .with_file_name(&self.temporary)
-            .display()
-            .to_string()
+    /// What a failure to write the staged file says: `cannot write the new binary beside
+    /// '<--upgrade-path>': <error>`.
+    pub fn cannot_write(&self, error: &io::Error) -> String {
+        format!(
+            "cannot write the new binary beside '{}': {error}",
+            self.target.display()
+        )
     }
 
     /// `--upgrade-path`.
