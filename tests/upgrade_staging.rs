@@ -114,6 +114,11 @@ fn an_upgrade_directory_another_user_can_write_is_refused_and_their_file_never_r
     let answer = upgrade(&daemon, TOKEN, &[], &own_binary());
     std::thread::sleep(Duration::from_millis(300));
     stop(racing);
+    assert!(
+        !marker.exists(),
+        "ran as uid {:?}",
+        std::fs::read_to_string(&marker)
+    );
     assert_unsafe(&answer, &target, &bin, "is owned by uid 4242");
     // Nothing of root's was written there.
     for file in files_in(&bin) {
@@ -162,7 +167,11 @@ fn an_upgrade_directory_another_user_can_write_is_refused_and_their_file_never_r
     chmod(&shared, 0o1777);
     assert_eq!(upgrade(&daemon, TOKEN, &[], &own_binary()), "");
     daemon.log_with(|line| line.contains("upgrade: took over from sandboxd "));
-    assert_eq!(std::fs::read(&target).unwrap(), own_binary());
+    assert!(
+        std::fs::read(&target).unwrap() == own_binary(),
+        "{} is not the binary sent",
+        target.display()
+    );
     assert!(!marker.exists());
 }
 
@@ -251,7 +260,11 @@ fn a_file_swapped_in_at_the_staged_binarys_path_never_runs() {
     let upgrading = std::thread::spawn(move || finish(stream, &binary));
     daemon.log_with(|l| l.contains("upgrade: draining before executing"));
     // The binary written is what was placed, whatever the staged name held.
-    assert_eq!(std::fs::read(&target).unwrap(), own_binary());
+    assert!(
+        std::fs::read(&target).unwrap() == own_binary(),
+        "{} is not the binary sent",
+        target.display()
+    );
     std::fs::copy(&script, dir.path().join("swap")).unwrap();
     std::fs::rename(dir.path().join("swap"), &target).unwrap();
     drop(holder);
@@ -260,8 +273,12 @@ fn a_file_swapped_in_at_the_staged_binarys_path_never_runs() {
     assert!(!marker.exists(), "{:?}", std::fs::read_to_string(&marker));
     assert_eq!(daemon.pid(), pid);
     // The image running is the binary written (its file replaced at the path since).
-    let running = format!("/proc/{pid}/exe");
-    assert_eq!(std::fs::read(&running).unwrap(), own_binary());
+    let running = PathBuf::from(format!("/proc/{pid}/exe"));
+    assert!(
+        std::fs::read(&running).unwrap() == own_binary(),
+        "{} is not the binary sent",
+        running.display()
+    );
     assert_eq!(daemon.get("/health").status, 204);
 }
 
@@ -289,7 +306,11 @@ fn a_second_upgrade_while_one_is_received_is_409_and_the_first_completes() {
     assert_eq!(finish(first, &binary), "");
     daemon.log_with(|line| line.contains("upgrade: took over from sandboxd "));
     let target = dir.path().join("envd.next");
-    assert_eq!(std::fs::read(&target).unwrap(), own_binary());
+    assert!(
+        std::fs::read(&target).unwrap() == own_binary(),
+        "{} is not the binary sent",
+        target.display()
+    );
     assert_eq!(files_in(dir.path()), vec![target]);
     // Its turn ended with it: the next upgrade is taken.
     assert_eq!(upgrade(&daemon, TOKEN, &[], b""), "");
