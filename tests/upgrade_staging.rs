@@ -1,4 +1,4 @@
-//! Where `POST /upgrade` puts the new binary and what it runs (SPEC §9c steps 3a and 4): never
+//! Where `POST /upgrade` puts the new binary and what it runs (SPEC §9c steps 3 and 4): never
 //! a file a user could have planted. An upgrade directory another user can write (or one above
 //! it) is refused before anything is written; the staged binary is checked and executed from
 //! its descriptor, so a file swapped in at its path afterwards never runs; and one upgrade is

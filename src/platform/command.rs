@@ -1,7 +1,9 @@
 //! Running a system program for the daemon itself (`mount`, `umount`, `findmnt`), as envd's
 //! `exec.CommandContext(...).CombinedOutput()` does, within a time budget.
 //!
-//! The program is found on the daemon's `PATH` (a test puts fakes first), starts with no input,
+//! The program is found on the daemon's `PATH` (a test puts fakes first), or, with [`run_from`],
+//! executed from an open descriptor (live upgrade's new binary, never looked up by path); it
+//! starts with no input,
 //! an empty signal mask and default dispositions (std's spawn resets them), in a process group
 //! of its own, with its output and errors in one pipe, of which the first [`OUTPUT_KEPT`]
 //! bytes are kept. Past the deadline the whole group is killed (`mount.nfs` is `mount`'s child)

@@ -26,6 +26,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::sys::dir::{Dir, Stat};
 
 /// `--upgrade-path`'s directory, checked and held, and the names in it.
+#[derive(Debug)]
 pub struct Staging {
     dir: Dir,
     /// `--upgrade-path` as configured, for messages.
@@ -83,6 +84,10 @@ impl Staging {
                 Err(error) => return Err(error),
             }
         }
+        self.create_named()
+    }
+
+    fn create_named(&mut self) -> io::Result<File> {
         self.named = true;
         self.discard();
         self.dir.create_file(&self.temporary, 0o700)
@@ -174,6 +179,7 @@ fn judge(path: &Path, stat: &Stat, last: bool, me: u32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn dir(uid: u32, mode: u32) -> Stat {
         Stat {
@@ -215,6 +221,89 @@ mod tests {
             verdict(dir(0, 0o777), false, 0),
             Err("'/a/b' (mode 777) is writable by its group and others".into())
         );
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Writes `bytes` to a staged file, as the route does, and places it.
+    fn stage(staging: &Staging, mut file: File, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        file.write_all(bytes)?;
+        let binary = crate::sys::exec::reopen_read_only(&file)?;
+        drop(file);
+        staging.place(&binary)
+    }
+
+    #[test]
+    fn the_file_written_is_placed_with_or_without_a_name_and_nothing_else_remains() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("envd.next");
+        let mut staging = Staging::open(&target).unwrap();
+        let file = staging.create().unwrap();
+        assert_eq!(names_in(dir.path()), Vec::<String>::new(), "unnamed");
+        stage(&staging, file, b"first").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"first");
+        assert_eq!(names_in(dir.path()), ["envd.next"]);
+
+        // Where there is no O_TMPFILE: a name while it is written, placed all the same, and
+        // its name, not the file, is what a swap changes: the file written is placed.
+        let mut staging = Staging::open(&target).unwrap();
+        let file = staging.create_named().unwrap();
+        let staged = format!(".envd.next.upgrade-{}", std::process::id());
+        assert_eq!(names_in(dir.path()), [staged.as_str(), "envd.next"]);
+        stage(&staging, file, b"second").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"second");
+        assert_eq!(names_in(dir.path()), ["envd.next"]);
+    }
+
+    #[test]
+    fn a_named_staged_file_replaced_meanwhile_is_not_placed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("envd.next");
+        let mut staging = Staging::open(&target).unwrap();
+        let file = staging.create_named().unwrap();
+        let staged = dir
+            .path()
+            .join(format!(".envd.next.upgrade-{}", std::process::id()));
+        std::fs::write(dir.path().join("planted"), b"planted").unwrap();
+        std::fs::rename(dir.path().join("planted"), &staged).unwrap();
+        // The file written has no name left to link from: refused, nothing put in place.
+        let error = stage(&staging, file, b"written").unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT));
+        assert!(!target.exists());
+        staging.discard();
+        assert_eq!(names_in(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused_before_anything_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o757)).unwrap();
+        let target = open.join("envd.next");
+        let Err(refused) = Staging::open(&target) else {
+            panic!("accepted");
+        };
+        let shown = std::fs::canonicalize(&open).unwrap();
+        assert!(
+            refused.contains(&format!(
+                "is not safe to upgrade into: '{}' (mode 757) is writable by others",
+                shown.display()
+            )),
+            "{refused}"
+        );
+        assert_eq!(names_in(&open), Vec::<String>::new());
+        assert!(Staging::open(Path::new("/"))
+            .unwrap_err()
+            .contains("names no file"));
     }
 
     #[test]
