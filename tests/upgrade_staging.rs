@@ -4,7 +4,7 @@
 //! its descriptor, so a file swapped in at its path afterwards never runs; and one upgrade is
 //! received at a time.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::{builder, root_or_skip, unnamed_files, Daemon, TOKEN, USER_GID, USER_UID};
-use crate::upgrade::{daemon_upgrading_into, files_in, init, own_binary, upgrade};
+use crate::upgrade::{
+    daemon_upgrading_into, files_in, init, own_binary, read_answer, upgrade, upgrade_head,
+};
 
 /// A script that, whoever runs it, appends who it ran as to `marker` and answers like a
 /// sandboxd (so that a daemon fooled into running it goes on as far as it can).
@@ -30,6 +32,12 @@ fn planted(at: &Path, marker: &Path) {
     )
     .unwrap();
     std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `path` holds this build's binary, the one the tests send (compared without printing it).
+fn assert_sent(path: &Path) {
+    let same = std::fs::read(path).unwrap() == own_binary();
+    assert!(same, "{} is not the binary sent", path.display());
 }
 
 fn chmod(path: &Path, mode: u32) {
@@ -126,39 +134,26 @@ fn an_upgrade_directory_another_user_can_write_is_refused_and_their_file_never_r
         assert_eq!(owner, USER_UID, "{}", file.display());
     }
 
+    let binary = own_binary();
+    let refused = |dir: &Path, why: &str| {
+        let answer = upgrade(&daemon, TOKEN, &[], &binary);
+        assert_unsafe(&answer, &target, dir, why);
+    };
     // Root's, but writable by others.
     for file in files_in(&bin) {
         std::fs::remove_file(file).unwrap();
     }
     chown(&bin, 0, 0);
     chmod(&bin, 0o777);
-    let answer = upgrade(&daemon, TOKEN, &[], &own_binary());
-    assert_unsafe(
-        &answer,
-        &target,
-        &bin,
-        "(mode 777) is writable by its group and others",
-    );
+    refused(&bin, "(mode 777) is writable by its group and others");
     // Even sticky: the user may create the names the daemon uses.
     chmod(&bin, 0o1777);
-    let answer = upgrade(&daemon, TOKEN, &[], &own_binary());
-    assert_unsafe(
-        &answer,
-        &target,
-        &bin,
-        "(mode 1777) is writable by its group and others",
-    );
+    refused(&bin, "(mode 1777) is writable by its group and others");
     // The directory is fine, one above it is not: the user could move it away and put one of
     // their own in its place. Sticky above is fine (as /tmp).
     chmod(&bin, 0o755);
     chmod(&shared, 0o775);
-    let answer = upgrade(&daemon, TOKEN, &[], &own_binary());
-    assert_unsafe(
-        &answer,
-        &target,
-        &shared,
-        "(mode 775) is writable by its group",
-    );
+    refused(&shared, "(mode 775) is writable by its group");
     assert_eq!(files_in(&bin), Vec::<PathBuf>::new());
     assert!(!marker.exists(), "{:?}", std::fs::read_to_string(&marker));
     assert_eq!(daemon.get("/health").status, 204);
@@ -167,11 +162,7 @@ fn an_upgrade_directory_another_user_can_write_is_refused_and_their_file_never_r
     chmod(&shared, 0o1777);
     assert_eq!(upgrade(&daemon, TOKEN, &[], &own_binary()), "");
     daemon.log_with(|line| line.contains("upgrade: took over from sandboxd "));
-    assert!(
-        std::fs::read(&target).unwrap() == own_binary(),
-        "{} is not the binary sent",
-        target.display()
-    );
+    assert_sent(&target);
     assert!(!marker.exists());
 }
 
@@ -208,13 +199,7 @@ fn until_staged(daemon: &Daemon, dir: &Path) {
 
 /// An upgrade whose body is sent in two halves: the first now, the second by [`finish`].
 fn half_upgrade(daemon: &Daemon, binary: &[u8]) -> TcpStream {
-    let mut stream = TcpStream::connect(daemon.addr).unwrap();
-    let head = format!(
-        "POST /upgrade HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Access-Token: {TOKEN}\r\n\
-         Content-Length: {}\r\n\r\n",
-        binary.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
+    let mut stream = upgrade_head(daemon, TOKEN, &[], binary.len());
     stream.write_all(&binary[..binary.len() / 2]).unwrap();
     stream
 }
@@ -222,12 +207,7 @@ fn half_upgrade(daemon: &Daemon, binary: &[u8]) -> TcpStream {
 /// Sends the rest of a [`half_upgrade`]; the answer (empty: the daemon executed the binary).
 fn finish(mut stream: TcpStream, binary: &[u8]) -> String {
     stream.write_all(&binary[binary.len() / 2..]).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer).into_owned()
+    read_answer(stream)
 }
 
 #[test]
@@ -260,11 +240,7 @@ fn a_file_swapped_in_at_the_staged_binarys_path_never_runs() {
     let upgrading = std::thread::spawn(move || finish(stream, &binary));
     daemon.log_with(|l| l.contains("upgrade: draining before executing"));
     // The binary written is what was placed, whatever the staged name held.
-    assert!(
-        std::fs::read(&target).unwrap() == own_binary(),
-        "{} is not the binary sent",
-        target.display()
-    );
+    assert_sent(&target);
     std::fs::copy(&script, dir.path().join("swap")).unwrap();
     std::fs::rename(dir.path().join("swap"), &target).unwrap();
     drop(holder);
@@ -274,11 +250,7 @@ fn a_file_swapped_in_at_the_staged_binarys_path_never_runs() {
     assert_eq!(daemon.pid(), pid);
     // The image running is the binary written (its file replaced at the path since).
     let running = PathBuf::from(format!("/proc/{pid}/exe"));
-    assert!(
-        std::fs::read(&running).unwrap() == own_binary(),
-        "{} is not the binary sent",
-        running.display()
-    );
+    assert_sent(&running);
     assert_eq!(daemon.get("/health").status, 204);
 }
 
@@ -306,11 +278,7 @@ fn a_second_upgrade_while_one_is_received_is_409_and_the_first_completes() {
     assert_eq!(finish(first, &binary), "");
     daemon.log_with(|line| line.contains("upgrade: took over from sandboxd "));
     let target = dir.path().join("envd.next");
-    assert!(
-        std::fs::read(&target).unwrap() == own_binary(),
-        "{} is not the binary sent",
-        target.display()
-    );
+    assert_sent(&target);
     assert_eq!(files_in(dir.path()), vec![target]);
     // Its turn ended with it: the next upgrade is taken.
     assert_eq!(upgrade(&daemon, TOKEN, &[], b""), "");
