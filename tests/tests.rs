@@ -30,6 +30,8 @@ mod log_export;
 // POST /upgrade: a new binary takes over in the same process, the listener and state handed over.
 mod upgrade;
 mod upgrade_process;
+// Where /upgrade stages the new binary and what it runs: never a file a user could plant.
+mod upgrade_staging;
 // The port forwarder across a live upgrade: listeners and open connections carried over.
 mod upgrade_forward;
 // Directory watches across POST /upgrade: watchers carried with their inotify instance.

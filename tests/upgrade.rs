@@ -35,18 +35,34 @@ pub(crate) fn upgrade(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> String {
+    let mut stream = upgrade_head(daemon, token, headers, body.len());
+    // The daemon may answer (and close) before the whole body is sent.
+    let _ = stream.write_all(body);
+    read_answer(stream)
+}
+
+/// A connection on which the head of `POST /upgrade` with a body of `length` bytes is sent.
+pub(crate) fn upgrade_head(
+    daemon: &Daemon,
+    token: &str,
+    headers: &[(&str, &str)],
+    length: usize,
+) -> TcpStream {
     let mut stream = TcpStream::connect(daemon.addr).unwrap();
     let mut head = format!(
-        "POST /upgrade HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Access-Token: {token}\r\nContent-Length: {}\r\n",
-        body.len()
+        "POST /upgrade HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Access-Token: {token}\r\nContent-Length: {length}\r\n",
     );
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
     stream.write_all(head.as_bytes()).unwrap();
-    // The daemon may answer (and close) before the whole body is sent.
-    let _ = stream.write_all(body);
+    stream
+}
+
+/// Everything the daemon sends on `stream` until it closes it (empty: it executed the new
+/// binary).
+pub(crate) fn read_answer(mut stream: TcpStream) -> String {
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
@@ -113,7 +129,7 @@ impl HealthLoop {
     }
 }
 
-fn files_in(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_in(dir: &Path) -> Vec<PathBuf> {
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())

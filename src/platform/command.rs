@@ -1,16 +1,19 @@
 //! Running a system program for the daemon itself (`mount`, `umount`, `findmnt`), as envd's
 //! `exec.CommandContext(...).CombinedOutput()` does, within a time budget.
 //!
-//! The program is found on the daemon's `PATH` (a test puts fakes first), starts with no input,
+//! The program is found on the daemon's `PATH` (a test puts fakes first), or, with [`run_from`],
+//! executed from an open descriptor (live upgrade's new binary, never looked up by path); it
+//! starts with no input,
 //! an empty signal mask and default dispositions (std's spawn resets them), in a process group
 //! of its own, with its output and errors in one pipe, of which the first [`OUTPUT_KEPT`]
 //! bytes are kept. Past the deadline the whole group is killed (`mount.nfs` is `mount`'s child)
 //! and the run is [`Failure::TimedOut`]. Its exit is claimed (`proc::claimed`), so the daemon's
 //! reaper hands it over instead of dropping it.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -67,20 +70,42 @@ impl Ran {
 
 /// Runs `program args...` until it exits or `deadline` passes.
 pub fn run(program: &str, args: &[&str], deadline: Instant) -> Ran {
-    match start(program, args) {
-        Ok((pid, output)) => finish(pid, output, deadline),
-        Err(error) => Ran {
-            result: Err(Failure::NotStarted(error.to_string())),
-            output: String::new(),
-        },
+    let mut command = Command::new(program);
+    command.args(args);
+    run_command(command, deadline)
+}
+
+/// Runs the program open at `program` (executed from the descriptor, never looked up by path;
+/// `name` is its `argv[0]`) with `args`, as [`run`] does.
+pub fn run_from(program: BorrowedFd<'_>, name: &str, args: &[&str], deadline: Instant) -> Ran {
+    let mut command = Command::new(name);
+    let argv: Vec<OsString> = std::iter::once(name)
+        .chain(args.iter().copied())
+        .map(OsString::from)
+        .collect();
+    match crate::sys::exec::run_instead(&mut command, program, &argv) {
+        Ok(()) => run_command(command, deadline),
+        Err(error) => not_started(&error),
     }
 }
 
-fn start(program: &str, args: &[&str]) -> io::Result<(u32, io::PipeReader)> {
+fn run_command(command: Command, deadline: Instant) -> Ran {
+    match start(command) {
+        Ok((pid, output)) => finish(pid, output, deadline),
+        Err(error) => not_started(&error),
+    }
+}
+
+fn not_started(error: &io::Error) -> Ran {
+    Ran {
+        result: Err(Failure::NotStarted(error.to_string())),
+        output: String::new(),
+    }
+}
+
+fn start(mut command: Command) -> io::Result<(u32, io::PipeReader)> {
     let (reader, writer) = io::pipe()?;
-    let mut command = Command::new(program);
     command
-        .args(args)
         .stdin(Stdio::null())
         .stdout(writer.try_clone()?)
         .stderr(writer)

@@ -32,6 +32,12 @@ pub fn fsgid() -> u32 {
     id(unsafe { libc::syscall(libc::SYS_setfsgid, u32::MAX) })
 }
 
+/// The process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
 /// Sets the calling thread's fsuid to `uid` and checks that it took effect; returns the
 /// previous fsuid. `EPERM` when it did not take effect.
 pub fn set_fsuid(uid: u32) -> io::Result<u32> {

@@ -2,13 +2,11 @@
 //! the state, the close-on-exec flag, and taking back, in the new image, the descriptors the old
 //! one left open under numbers it named.
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 use super::check;
 
@@ -100,45 +98,6 @@ pub fn take_file(fd: RawFd) -> io::Result<File> {
     take_fd(fd).map(File::from)
 }
 
-/// Replaces this process's image with `program` (`execve`): argv `args`, environment `env`.
-/// Returns only when it failed, with why. Nothing else is changed first (signal mask and
-/// dispositions, descriptors): on failure the process goes on as it was.
-pub fn exec(program: &Path, args: &[OsString], env: &[(OsString, OsString)]) -> io::Error {
-    let c_string = |bytes: &[u8]| CString::new(bytes).ok();
-    let path = c_string(program.as_os_str().as_bytes());
-    let argv: Option<Vec<CString>> = args.iter().map(|arg| c_string(arg.as_bytes())).collect();
-    let envp: Option<Vec<CString>> = env
-        .iter()
-        .map(|(key, value)| {
-            let mut pair = key.as_bytes().to_vec();
-            pair.push(b'=');
-            pair.extend_from_slice(value.as_bytes());
-            c_string(&pair)
-        })
-        .collect();
-    let (Some(path), Some(argv), Some(envp)) = (path, argv, envp) else {
-        return io::Error::from_raw_os_error(libc::EINVAL);
-    };
-    let pointers = |strings: &[CString]| -> Vec<*const libc::c_char> {
-        strings
-            .iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
-    let (argv_pointers, envp_pointers) = (pointers(&argv), pointers(&envp));
-    // SAFETY: `path` and every string the two null-terminated pointer arrays point to are
-    // NUL-terminated and alive (owned above) for the call; execve returns only on failure.
-    unsafe {
-        libc::execve(
-            path.as_ptr(),
-            argv_pointers.as_ptr(),
-            envp_pointers.as_ptr(),
-        )
-    };
-    io::Error::last_os_error()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,13 +124,5 @@ mod tests {
         assert!(take_listener(file.as_raw_fd()).is_err());
         assert!(take_listener(-1).is_err());
         assert!(take_listener(1 << 20).is_err());
-    }
-
-    #[test]
-    fn a_failed_exec_says_why_and_changes_nothing() {
-        let error = exec(Path::new("/nonexistent/sandboxd"), &["x".into()], &[]);
-        assert_eq!(error.raw_os_error(), Some(libc::ENOENT));
-        let error = exec(Path::new("/bin/sh"), &["a\0b".into()], &[]);
-        assert_eq!(error.raw_os_error(), Some(libc::EINVAL));
     }
 }

@@ -11,6 +11,7 @@ pub mod creds;
 pub mod dir;
 pub mod env;
 pub mod epoll;
+pub mod exec;
 pub mod file;
 pub mod fsfreeze;
 pub mod handover;

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use crate::log;
 use crate::sys::handover as fds;
@@ -47,6 +47,14 @@ impl Carry {
     /// Every number kept, for the handover.
     pub fn numbers(&self) -> Vec<i32> {
         self.kept.values().map(AsRawFd::as_raw_fd).collect()
+    }
+
+    /// The duplicate kept under `number` (what [`Carry::keep`] returned).
+    pub fn descriptor(&self, number: i32) -> Option<BorrowedFd<'_>> {
+        self.kept
+            .values()
+            .find(|fd| fd.as_raw_fd() == number)
+            .map(AsFd::as_fd)
     }
 
     /// Clears close-on-exec on every descriptor kept, right before the `execve`.

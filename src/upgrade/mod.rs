@@ -1,15 +1,17 @@
 //! Live upgrade (`POST /upgrade`, envd's): a new binary takes over the running daemon in the
 //! same process, and no connection is refused meanwhile.
 //!
-//! - [`receive`]: the route. The new binary streams in the body to `--upgrade-path` (a
-//!   temporary beside it first), is checked to run (`-version` answers a version), and only
-//!   then takes the path; an empty body re-executes the running binary. Refused before the
-//!   first authorised `/init`, and when a part could not carry what it holds
-//!   (`parts::refusal`).
+//! - [`receive`]: the route. One upgrade at a time ([`Turn`]). The new binary streams in the
+//!   body to a staged file in `--upgrade-path`'s directory, which must be root's alone
+//!   ([`staging`]), is checked to run (`-version` answers a version) from the file's
+//!   descriptor, and only then takes the path; an empty body re-executes the running binary.
+//!   Refused before the first authorised `/init`, and when a part could not carry what it
+//!   holds (`parts::refusal`).
 //! - [`perform`] (on the main thread, which the route wakes with `SIGUSR2`): stop accepting
 //!   but keep the listening socket, let requests under way finish (the drain timeout), write
 //!   the [`state`] into a memory file, and `execve` the new binary with both descriptors left
-//!   open and named in `SANDBOXD_HANDOVER`. Connections that arrive meanwhile wait in the
+//!   open and named in `SANDBOXD_HANDOVER`, from the binary's descriptor (`execveat`), never
+//!   by a path. Connections that arrive meanwhile wait in the
 //!   socket's backlog for the new image. If the `execve` fails, everything is put back and the
 //!   request is answered 500: the old daemon serves on.
 //! - [`take_over`] (the new image, at start): the listener and the state back, the variable
@@ -22,13 +24,16 @@
 pub mod carry;
 mod parts;
 mod receive;
+mod staging;
 pub mod state;
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -53,8 +58,45 @@ const MAX_STATE: u64 = 32 << 20;
 /// An upgrade the route accepted, for the main thread.
 pub struct Pending {
     /// The binary to run; `None`: the running one again.
-    binary: Option<PathBuf>,
+    binary: Option<Binary>,
     answer: Answer,
+    _turn: Turn,
+}
+
+/// A new binary, checked: executed from `file`, read-only, whatever `path` holds by then.
+pub struct Binary {
+    file: File,
+    /// Where it was put (`--upgrade-path`), for messages.
+    path: PathBuf,
+}
+
+/// Whether an upgrade is under way, from its request's head until it is refused or fails (a
+/// success ends the image).
+static UNDER_WAY: AtomicBool = AtomicBool::new(false);
+
+/// The one upgrade under way's turn; given back when dropped. Two at once would share the
+/// staged file (and the second would delete the first's binary).
+pub struct Turn(());
+
+impl Turn {
+    fn take() -> Result<Turn, ApiError> {
+        UNDER_WAY
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .map(|_| Turn(()))
+            .map_err(|_| {
+                ApiError::new(
+                    409,
+                    "another upgrade is under way (its binary being received, checked or \
+                     executed): one at a time; try again when it has ended",
+                )
+            })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        UNDER_WAY.store(false, Ordering::SeqCst);
+    }
 }
 
 static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
@@ -110,15 +152,15 @@ impl Outcome {
     }
 }
 
-/// Hands `pending` to the main thread; the request waits for its deferred answer.
-fn hand_to_main_thread(binary: Option<PathBuf>) -> Result<Response, ApiError> {
-    let mut slot = pending();
-    if slot.is_some() {
-        return Err(ApiError::new(409, "an upgrade is already under way"));
-    }
+/// Hands the upgrade to the main thread; the request waits for its deferred answer. Its turn
+/// goes along (so no pending upgrade is ever replaced).
+fn hand_to_main_thread(binary: Option<Binary>, turn: Turn) -> Result<Response, ApiError> {
     let (answer, deferred) = crate::http::deferred::channel();
-    *slot = Some(Pending { binary, answer });
-    drop(slot);
+    *pending() = Some(Pending {
+        binary,
+        answer,
+        _turn: turn,
+    });
     if let Err(error) = crate::sys::process::signal_self(libc::SIGUSR2) {
         pending().take();
         return Err(ApiError::internal(format!(
@@ -136,7 +178,7 @@ pub fn perform<H: crate::http::Handler>(
     drain_timeout: Duration,
     signals: &[libc::c_int],
 ) {
-    let Some(Pending { binary, answer }) = pending().take() else {
+    let Some(Pending { binary, answer, .. }) = pending().take() else {
         return;
     };
     if let Some(refused) = refusal() {
@@ -151,7 +193,7 @@ pub fn perform<H: crate::http::Handler>(
         "upgrade: draining before executing {}",
         binary.as_ref().map_or_else(
             || "the running binary".into(),
-            |b| format!("'{}'", b.display())
+            |b| format!("'{}'", b.path.display())
         )
     ));
     // The parts stop changing what they hand over, and end the streams the `execve` would cut
@@ -182,12 +224,30 @@ pub fn perform<H: crate::http::Handler>(
 }
 
 /// Writes the handover and executes; returns only the reason it could not.
-fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -> String {
+fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&Binary>) -> String {
+    // The running binary is the file the kernel keeps for the process, not whatever a path
+    // names now.
+    const RUNNING: &str = "/proc/self/exe";
+    let (program, shown) = match binary {
+        Some(binary) => (binary.file.try_clone(), binary.path.display().to_string()),
+        None => (File::open(RUNNING), RUNNING.to_string()),
+    };
+    let program = match program {
+        Ok(file) => file,
+        Err(error) => return format!("cannot open '{shown}': {error}"),
+    };
     let mut handover = Handover::of(app.state(), listener.as_raw_fd());
     let mut carry = carry::Carry::new();
     if let Err(error) = parts::export(app, &mut handover, &mut carry) {
         return format!("cannot write the handover: {error}");
     }
+    // Executed from a carried duplicate: open across the `execve` (a script's interpreter
+    // opens `/dev/fd/<n>`), named in the handover so the new image closes it.
+    let program = match carry.keep(program.as_fd()) {
+        Ok(number) => number,
+        Err(error) => return format!("cannot write the handover: {error}"),
+    };
+    handover.binary_fd = Some(program);
     handover.carried_fds = carry.numbers();
     let mut memory = match fds::memory_file("sandboxd-handover") {
         Ok(file) => file,
@@ -202,15 +262,17 @@ fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&PathBuf>) -
     {
         return format!("cannot write the handover: {error}");
     }
-    let program = binary.map_or_else(|| PathBuf::from("/proc/self/exe"), PathBuf::clone);
     let value = format!("{},{}", listener.as_raw_fd(), memory.as_raw_fd());
     let args: Vec<OsString> = std::env::args_os().collect();
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(key, _)| key.as_bytes() != HANDOVER_VAR.as_bytes())
         .collect();
     env.push((HANDOVER_VAR.into(), value.into()));
-    let error = fds::exec(&program, &args, &env);
-    format!("cannot execute '{}': {error}", program.display())
+    let Some(program) = carry.descriptor(program) else {
+        return format!("cannot execute '{shown}': its descriptor is not carried");
+    };
+    let error = crate::sys::exec::exec_fd(program, &args, &env);
+    format!("cannot execute '{shown}': {error}")
 }
 
 /// What the new image took over at start.
@@ -268,6 +330,10 @@ pub fn take_over() -> Option<TakenOver> {
 /// The new image takes back what the handover carries (after the daemon's own state): each
 /// part adopts its share; how it went is kept for `/init`.
 pub fn adopt(app: &App, mut handover: Handover, mut inherited: carry::Inherited) {
+    // The binary this image was executed from: held only for the `execve`.
+    if let Some(number) = handover.binary_fd {
+        drop(inherited.take(number));
+    }
     let outcome = parts::adopt(app, &mut handover, &mut inherited);
     inherited.close_rest();
     log::line(format_args!("upgrade: took back {}", outcome.header()));

@@ -1,14 +1,17 @@
-//! `POST /upgrade`'s checks and body: the new binary, streamed to a temporary beside
-//! `--upgrade-path`, checked to run, then put in place; then the main thread takes over.
+//! `POST /upgrade`'s checks and body: one upgrade at a time; the new binary streamed to a
+//! staged file in `--upgrade-path`'s directory (checked to be root's alone and held open:
+//! [`Staging`]), checked to run and executed from that file's descriptor, never by its path;
+//! placed at `--upgrade-path` once checked; then the main thread takes over.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{hand_to_main_thread, refusal};
+use super::staging::Staging;
+use super::{hand_to_main_thread, refusal, Binary, Turn};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::http::{Action, BodySink, Head, Response};
@@ -50,12 +53,14 @@ pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
     let chunked = head.header("transfer-encoding").is_some();
     if length.unwrap_or(0) == 0 && !chunked {
-        return hand_to_main_thread(None).map(Action::Respond);
+        return hand_to_main_thread(None, Turn::take()?).map(Action::Respond);
     }
     if length.is_some_and(|length| length > MAX_BINARY) {
         return Err(too_large());
     }
-    Ok(Action::Consume(Box::new(Receiver::create(target)?)))
+    let turn = Turn::take()?;
+    let staging = Staging::open(target).map_err(ApiError::internal)?;
+    Ok(Action::Consume(Box::new(Receiver::create(staging, turn)?)))
 }
 
 fn too_large() -> ApiError {
@@ -65,58 +70,53 @@ fn too_large() -> ApiError {
     )
 }
 
-/// The body, written to a temporary beside the target; removed unless put in place.
+/// The body, written to the staged file; removed unless put in place.
 struct Receiver {
+    staging: Staging,
+    /// Open for writing while the body arrives.
     file: Option<File>,
-    temporary: PathBuf,
-    target: PathBuf,
+    /// Put in place: nothing to remove.
+    placed: bool,
     written: u64,
+    /// This upgrade's turn, handed on with the binary.
+    turn: Option<Turn>,
 }
 
 impl Receiver {
-    fn create(target: &Path) -> Result<Receiver, ApiError> {
-        let name = target.file_name().ok_or_else(|| {
-            ApiError::internal(format!(
-                "--upgrade-path '{}' names no file",
-                target.display()
-            ))
-        })?;
-        let mut temporary_name = std::ffi::OsString::from(".");
-        temporary_name.push(name);
-        temporary_name.push(format!(".upgrade-{}", std::process::id()));
-        let temporary = target.with_file_name(temporary_name);
-        // A leftover of an upgrade cut short is ours to replace.
-        let _ = std::fs::remove_file(&temporary);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o700)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&temporary)
-            .map_err(|e| {
-                ApiError::internal(format!("cannot create '{}': {e}", temporary.display()))
-            })?;
+    fn create(mut staging: Staging, turn: Turn) -> Result<Receiver, ApiError> {
+        let file = staging
+            .create()
+            .map_err(|e| ApiError::internal(staging.cannot_write(&e)))?;
         Ok(Receiver {
+            staging,
             file: Some(file),
-            temporary,
-            target: target.to_path_buf(),
+            placed: false,
             written: 0,
+            turn: Some(turn),
         })
     }
 
-    /// Closes, checks and places the binary; the error's answer otherwise.
-    fn place(&mut self) -> Result<(), ApiError> {
+    /// Closes, checks and places the binary; its read-only descriptor, or the error's answer.
+    fn place(&mut self) -> Result<File, ApiError> {
         let file = self
             .file
             .take()
             .ok_or_else(|| ApiError::internal("no file"))?;
-        let shown = self.temporary.display().to_string();
+        let cannot = |e: std::io::Error| ApiError::internal(self.staging.cannot_write(&e));
         file.sync_all()
             .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(0o755)))
-            .map_err(|e| ApiError::internal(format!("cannot write '{shown}': {e}")))?;
-        // Closed before it runs: a file open for writing cannot be executed (ETXTBSY).
+            .map_err(cannot)?;
+        // The writer closed before it runs (a file open for writing cannot be executed:
+        // ETXTBSY); the file is held read-only from here on, never looked up by path again.
+        let binary = crate::sys::exec::reopen_read_only(&file).map_err(cannot)?;
         drop(file);
-        let ran = command::run(&shown, &["-version"], Instant::now() + VERSION_BUDGET);
+        let name = self.staging.target().display().to_string();
+        let ran = command::run_from(
+            binary.as_fd(),
+            &name,
+            &["-version"],
+            Instant::now() + VERSION_BUDGET,
+        );
         let version = ran.output.trim();
         let runs = ran.result.is_ok() && is_version(version);
         if !runs {
@@ -129,29 +129,27 @@ impl Receiver {
                 version.chars().take(200).collect::<String>()
             )));
         }
-        takes_over(&shown)?;
-        std::fs::rename(&self.temporary, &self.target).map_err(|e| {
-            ApiError::internal(format!(
-                "cannot put the new binary at '{}': {e}",
-                self.target.display()
-            ))
+        takes_over(&binary, &name)?;
+        self.staging.place(&binary).map_err(|e| {
+            ApiError::internal(format!("cannot put the new binary at '{name}': {e}"))
         })?;
+        self.placed = true;
         crate::log::line(format_args!(
-            "upgrade: a binary of {} bytes for envd {version} is at '{}'",
-            self.written,
-            self.target.display()
+            "upgrade: a binary of {} bytes for envd {version} is at '{name}'",
+            self.written
         ));
-        Ok(())
+        Ok(binary)
     }
 }
 
-/// Whether the binary at `path` reads the handover this build writes: it answers
+/// Whether the binary open at `binary` reads the handover this build writes: it answers
 /// `--handover-schema` with a layout at least [`SCHEMA`](super::state::SCHEMA). envd's binary,
 /// or a sandboxd from before live upgrades, would start without taking over the listener and
 /// the processes (and fail to listen): refused before anything is touched.
-fn takes_over(path: &str) -> Result<(), ApiError> {
-    let ran = command::run(
-        path,
+fn takes_over(binary: &File, name: &str) -> Result<(), ApiError> {
+    let ran = command::run_from(
+        binary.as_fd(),
+        name,
         &["--handover-schema"],
         Instant::now() + VERSION_BUDGET,
     );
@@ -190,29 +188,30 @@ impl BodySink for Receiver {
         let Some(file) = self.file.as_mut() else {
             return Err(ApiError::internal("no file").into());
         };
-        file.write_all(bytes).map_err(|e| {
-            Response::from(ApiError::internal(format!(
-                "cannot write '{}': {e}",
-                self.temporary.display()
-            )))
-        })
+        file.write_all(bytes)
+            .map_err(|e| Response::from(ApiError::internal(self.staging.cannot_write(&e))))
     }
 
     fn end(mut self: Box<Self>) -> Response {
-        if let Err(error) = self.place() {
-            return error.into();
-        }
-        let binary = self.target.clone();
-        // In place now: nothing for the drop to remove.
-        self.temporary = PathBuf::new();
-        hand_to_main_thread(Some(binary)).unwrap_or_else(Response::from)
+        let file = match self.place() {
+            Ok(file) => file,
+            Err(error) => return error.into(),
+        };
+        let Some(turn) = self.turn.take() else {
+            return ApiError::internal("no turn").into();
+        };
+        let binary = Binary {
+            file,
+            path: self.staging.target().to_path_buf(),
+        };
+        hand_to_main_thread(Some(binary), turn).unwrap_or_else(Response::from)
     }
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        if !self.temporary.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.temporary);
+        if !self.placed {
+            self.staging.discard();
         }
     }
 }

@@ -68,6 +68,11 @@ pub struct Handover {
     /// Log lines the exporter had not sent yet (`log::export`), oldest first.
     #[prost(bytes = "vec", repeated, tag = "19")]
     pub log_lines: Vec<Vec<u8>>,
+    /// The descriptor the new image was executed from (one of `carried_fds`), open across the
+    /// `execve` for a script's interpreter; the new image closes it. Absent (an older writer,
+    /// or a reader that skips it): closed with whatever no part takes back.
+    #[prost(int32, optional, tag = "20")]
+    pub binary_fd: Option<i32>,
 }
 
 /// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`.

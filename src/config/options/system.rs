@@ -118,7 +118,8 @@ pub const UPGRADE_PATH: Setting<PathBuf> = Setting {
         value: "PATH",
         default: Fallback::Text("/usr/bin/envd.next"),
         help: "where `POST /upgrade` writes the new binary it then runs (envd's path; the \
-               orchestrator's `X-Envd-Upgrade-Bin`, envd's path or this one, means it)",
+               orchestrator's `X-Envd-Upgrade-Bin`, envd's path or this one, means it); its \
+               directory and each above it must be root's alone, or `/upgrade` is refused",
     },
     parse: |flag, text| absolute_path(flag, text),
     absent: None,
