@@ -323,17 +323,18 @@ fn a_parent_swapped_for_a_link_to_another_mount_is_refused_and_nothing_is_unmoun
         fakes.point("/victim").display()
     ));
     // The resume's /init: refused before anything is run or unmounted.
-    init(&daemon, volumes(Some("two"), &mount)).assert_error(
-        400,
-        "failed to setup NFS volumes: failed to mount NFS at '/home/user/vols/data': cannot open \
-         or create the mount point: '/home/user/vols' is a symbolic link, which sandboxd does not \
-         follow there",
-    );
-    assert_eq!(fakes.take_calls(), Vec::<String>::new());
+    let reply = init(&daemon, volumes(Some("two"), &mount));
     assert_eq!(mounted_at(&victim), ["tmpfs"]);
     assert_eq!(
         std::fs::read_to_string(victim.join("mark")).unwrap(),
         "kept"
+    );
+    assert_eq!(fakes.take_calls(), Vec::<String>::new());
+    reply.assert_error(
+        400,
+        "failed to setup NFS volumes: failed to mount NFS at '/home/user/vols/data': cannot open \
+         or create the mount point: '/home/user/vols' is a symbolic link, which sandboxd does not \
+         follow there",
     );
     assert_eq!(mounted_at(&home.join("vols.old/data")), ["h:/a"]);
     drop(other);
