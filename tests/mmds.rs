@@ -301,13 +301,13 @@ fn a_link_planted_at_run_e2b_or_at_a_temporary_name_is_not_written_through() {
     std::os::unix::fs::symlink(&elsewhere, root.path().join("run/e2b")).unwrap();
     let daemon = mmds.daemon(builder(), root.path());
     wait_for_id(&daemon, TOKEN, "isb-1");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     daemon.log_with(|line| {
         line.ends_with(
             "mmds: cannot write /run/e2b/.E2B_SANDBOX_ID: '/run/e2b' is a symbolic link, which \
              sandboxd does not follow there",
         )
     });
-    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     // The directory as it should be, and a link where the next write's temporary goes.
     std::fs::remove_file(root.path().join("run/e2b")).unwrap();
     let run_dir = root.path().join("run/e2b");
