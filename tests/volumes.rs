@@ -37,6 +37,7 @@ impl Fakes {
         let body = format!(
             r#"echo "mount $*" >> "$S/calls"
 if [ -e "$S/mount-fails" ]; then echo "mount.nfs: Connection refused" >&2; exit 32; fi
+if [ -e "$S/mount-lies" ]; then exit 0; fi
 for point; do :; done
 eval "target=\${{$(($# - 1))}}"
 exec {real} -t tmpfs -o size=1m "$target" "$point""#
@@ -415,6 +416,26 @@ fn a_failed_mount_is_400_in_envds_words_and_the_init_applies_nothing_else() {
     assert_eq!(init(&daemon, body).status, 204);
     assert_eq!(fakes.take_calls().len(), 1);
     assert_eq!(daemon.get("/envs").json()["SET"], "yes");
+}
+
+#[test]
+fn a_mount_that_claims_success_but_mounted_nothing_is_400() {
+    let fakes = Fakes::new();
+    fakes.flag("mount-lies", true);
+    let daemon = fakes.daemon();
+    let reply = init(&daemon, volumes(None, &[("/mnt/data", "h:/a")]));
+    assert_eq!(reply.status, 400);
+    let message = reply.json()["message"].as_str().unwrap().to_string();
+    let stage = fakes.stage().display().to_string();
+    assert!(
+        message.starts_with(&format!(
+            "failed to setup NFS volumes: failed to mount NFS at '/mnt/data': 'mount' succeeded \
+             but nothing is mounted at the staging point '{stage}/"
+        )),
+        "{message}"
+    );
+    assert_eq!(mounted_at(&fakes.point("/mnt/data")), Vec::<String>::new());
+    assert_eq!(std::fs::read_dir(fakes.stage()).unwrap().count(), 0);
 }
 
 #[test]
