@@ -302,29 +302,37 @@ fn a_mount_the_daemon_did_not_make_is_left_and_mounted_over() {
     drop(old);
 }
 
+/// The volume the swap tests mount, in a directory `vols` of the local user's.
+const SWAPPED: [(&str, &str); 1] = [("/home/user/vols/data", "h:/a")];
+
+/// [`SWAPPED`] mounted for lifecycle `one`; then the user moves `vols` (the volume with it) to
+/// `vols.old` and runs `replace` in their home to put something in its place. Their home.
+fn mounted_then_swapped(fakes: &Fakes, daemon: &Daemon, replace: &str) -> PathBuf {
+    let home = user_home(fakes);
+    assert_eq!(init(daemon, volumes(Some("one"), &SWAPPED)).status, 204);
+    fakes.take_calls();
+    as_user(&format!(
+        "cd '{}' && mv vols vols.old && {replace}",
+        home.display()
+    ));
+    home
+}
+
 #[test]
 fn a_parent_swapped_for_a_link_to_another_mount_is_refused_and_nothing_is_unmounted() {
     if !root_or_skip("mounting and a local user need root") {
         return;
     }
     let fakes = Fakes::new();
-    let home = user_home(&fakes);
     // Another mount the user may name (standing for /proc, /sys, any mount of the system).
     let victim = fakes.point("/victim/data");
     let other = Mount::tmpfs(&victim, "1m");
     std::fs::write(victim.join("mark"), "kept").unwrap();
     let daemon = fakes.daemon();
-    let mount = [("/home/user/vols/data", "h:/a")];
-    assert_eq!(init(&daemon, volumes(Some("one"), &mount)).status, 204);
-    fakes.take_calls();
-    // The user moves their directory (the volume with it) and links the name to the other mount.
-    as_user(&format!(
-        "cd '{}' && mv vols vols.old && ln -s '{}' vols",
-        home.display(),
-        fakes.point("/victim").display()
-    ));
+    let link = format!("ln -s '{}' vols", fakes.point("/victim").display());
+    let home = mounted_then_swapped(&fakes, &daemon, &link);
     // The resume's /init: refused before anything is run or unmounted.
-    let reply = init(&daemon, volumes(Some("two"), &mount));
+    let reply = init(&daemon, volumes(Some("two"), &SWAPPED));
     assert_eq!(mounted_at(&victim), ["tmpfs"]);
     assert_eq!(
         std::fs::read_to_string(victim.join("mark")).unwrap(),
@@ -347,15 +355,9 @@ fn a_parent_swapped_for_a_directory_leaves_the_moved_volume_and_mounts_afresh() 
         return;
     }
     let fakes = Fakes::new();
-    let home = user_home(&fakes);
     let daemon = fakes.daemon();
-    let mount = [("/home/user/vols/data", "h:/a")];
-    assert_eq!(init(&daemon, volumes(Some("one"), &mount)).status, 204);
-    as_user(&format!(
-        "cd '{}' && mv vols vols.old && mkdir vols",
-        home.display()
-    ));
-    assert_eq!(init(&daemon, volumes(Some("two"), &mount)).status, 204);
+    let home = mounted_then_swapped(&fakes, &daemon, "mkdir vols");
+    assert_eq!(init(&daemon, volumes(Some("two"), &SWAPPED)).status, 204);
     daemon.log_with(|line| {
         line.ends_with(
             "init: '/home/user/vols/data' is no longer the volume mounted there for lifecycle \
