@@ -226,17 +226,29 @@ fn volumes_are_mounted_with_envds_options_on_points_the_daemon_makes() {
     });
 }
 
-#[test]
-fn the_same_lifecycle_mounts_nothing_and_a_new_one_remounts() {
+/// The volume the remount tests mount.
+const DATA: [(&str, &str); 1] = [("/mnt/data", "h:/a")];
+
+/// As root, a daemon that mounted [`DATA`] for lifecycle `one` (its calls taken), and the
+/// mount point; `None` when the test is skipped.
+fn mounted_for_one() -> Option<(Fakes, Daemon, PathBuf)> {
     if !root_or_skip("mounting needs root") {
-        return;
+        return None;
     }
     let fakes = Fakes::new();
     let daemon = fakes.daemon();
-    let mount = [("/mnt/data", "h:/a")];
-    let point = fakes.point("/mnt/data");
-    assert_eq!(init(&daemon, volumes(Some("one"), &mount)).status, 204);
+    assert_eq!(init(&daemon, volumes(Some("one"), &DATA)).status, 204);
     fakes.take_calls();
+    let point = fakes.point("/mnt/data");
+    Some((fakes, daemon, point))
+}
+
+#[test]
+fn the_same_lifecycle_mounts_nothing_and_a_new_one_remounts() {
+    let Some((fakes, daemon, point)) = mounted_for_one() else {
+        return;
+    };
+    let mount = DATA;
     std::fs::write(point.join("mark"), "first").unwrap();
     // A resume of the same lifecycle: nothing to do.
     assert_eq!(init(&daemon, volumes(Some("one"), &mount)).status, 204);
@@ -262,14 +274,10 @@ fn the_same_lifecycle_mounts_nothing_and_a_new_one_remounts() {
 
 #[test]
 fn a_busy_stale_mount_is_detached_lazily_when_the_forced_unmount_fails() {
-    if !root_or_skip("mounting needs root") {
+    let Some((_fakes, daemon, point)) = mounted_for_one() else {
         return;
-    }
-    let fakes = Fakes::new();
-    let daemon = fakes.daemon();
-    let mount = [("/mnt/data", "h:/a")];
-    let point = fakes.point("/mnt/data");
-    assert_eq!(init(&daemon, volumes(Some("one"), &mount)).status, 204);
+    };
+    let mount = DATA;
     let busy = std::fs::File::create(point.join("open")).unwrap();
     assert_eq!(init(&daemon, volumes(Some("two"), &mount)).status, 204);
     assert_eq!(mounted_at(&point), ["h:/a"]);
