@@ -30,15 +30,17 @@ pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
 pub const LINK_LOCAL_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 169, 254);
 /// envd's MMDS token lifetime, sent in `X-metadata-token-ttl-seconds`.
 const TOKEN_TTL_SECONDS: u32 = 60;
-/// Each socket operation of the poller (connect, one write, one read) and its whole exchange.
-const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Each of the poller's two requests, connect to last byte (envd's
+/// `mmdsAccessTokenRequestClientTimeout`): a service that answers each request seconds late is
+/// still read.
+const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The whole of one `/init`'s read of the token hash (both requests): a stalled service holds
 /// that `/init`'s worker no longer than this.
 pub const HASH_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one poll goes on retrying before it gives up (envd: 60 s after an `/init`).
 const POLL_BUDGET: Duration = Duration::from_secs(60);
 /// The first pause between tries (envd's 50 ms tick), doubled after each failure up to
-/// [`MAX_BACKOFF`].
+/// [`MAX_BACKOFF`]: a service that is down costs a try every 2 s, not 20 a second.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Largest answer read: MMDS's JSON is a few hundred bytes.

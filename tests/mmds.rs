@@ -24,6 +24,8 @@ pub(crate) struct State {
     pub(crate) metadata: serde_json::Value,
     /// Accept connections but never answer.
     stall: bool,
+    /// Answer each request this late.
+    late: Duration,
     /// Answer the metadata with this text instead of the JSON.
     garbage: Option<&'static str>,
     /// Requests that broke MMDS v2's protocol, described.
@@ -89,10 +91,15 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
             _ => return,
         }
     }
-    if state.lock().unwrap().stall {
+    let (stall, late) = {
+        let state = state.lock().unwrap();
+        (state.stall, state.late)
+    };
+    if stall {
         std::thread::sleep(Duration::from_secs(30));
         return;
     }
+    std::thread::sleep(late);
     let head = String::from_utf8_lossy(&head).to_string();
     let header = |name: &str| {
         head.lines().skip(1).find_map(|line| {
@@ -462,6 +469,28 @@ fn a_stalled_mmds_delays_neither_start_up_nor_health() {
     // Once it answers, the identity arrives.
     mmds.set(|s| s.stall = false);
     wait_for_id(&daemon, "rotated", "isb-1");
+}
+
+/// envd gives each request to the service 10 s: one that answers each 2 s late (a busy host)
+/// still gives the identity (it never arrived when the poller gave the exchange 2 s in all).
+#[test]
+fn a_service_answering_each_request_2_s_late_still_gives_the_identity() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    mmds.set(|s| s.late = Duration::from_secs(2));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    assert_health_within(&daemon, Duration::from_secs(1));
+    let env = wait_for_id(&daemon, TOKEN, "isb-1");
+    assert_eq!(env["E2B_TEMPLATE_ID"], "tpl-1");
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("run/e2b/.E2B_SANDBOX_ID")).unwrap(),
+        "isb-1"
+    );
+    assert!(
+        !daemon.log().iter().any(|l| l.contains("gave up polling")),
+        "{:?}",
+        daemon.log()
+    );
 }
 
 #[test]
