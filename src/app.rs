@@ -25,7 +25,7 @@ use crate::mmds::Mmds;
 use crate::platform::cgroups::Cgroups;
 use crate::platform::fsfreeze::FsFreeze;
 use crate::platform::init_files::SystemFiles;
-use crate::platform::volumes::Ledger;
+use crate::platform::volumes::{Ledger, Mounted};
 use crate::stats::{Metrics, Sampler};
 
 pub struct App {
@@ -68,8 +68,8 @@ pub struct AppState {
     pub defaults: Defaults,
     pub last_init: Option<i128>,
     pub initialized: bool,
-    /// Mount point → lifecycle (`platform::volumes`).
-    pub volumes: Vec<(String, String)>,
+    /// Mount point → what was mounted there (`platform::volumes`).
+    pub volumes: Vec<(String, Mounted)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

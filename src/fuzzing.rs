@@ -348,13 +348,15 @@ pub fn init_system_files(data: &[u8]) {
 /// never panics; what decodes re-encodes to the same message; carried watchers' events and
 /// paths are read as the new image reads them), a logs collector's address (an
 /// accepted one has a path beginning with `/`), `/init`'s `volumeMounts` as JSON (accepted
-/// mount points are normalised: absolute, no empty, `.` or `..` component, no trailing slash).
+/// mount points are normalised: absolute, no empty, `.` or `..` component, no trailing slash),
+/// the metadata service's answer (an identity accepted has no control character, and one is
+/// refused exactly when either id has one).
 pub fn platform_inputs(data: &[u8]) {
     use prost::Message;
     let Some((&pick, rest)) = data.split_first() else {
         return;
     };
-    match pick % 3 {
+    match pick % 4 {
         0 => {
             if let Ok(handover) = crate::upgrade::state::Handover::decode_checked(rest) {
                 let again = crate::upgrade::state::Handover::decode(&*handover.encode_to_vec());
@@ -370,6 +372,14 @@ pub fn platform_inputs(data: &[u8]) {
                 for watcher in &handover.watchers {
                     crate::api::filesystem::watch_carry::fuzz_carried(watcher);
                 }
+            }
+        }
+        3 => {
+            if let Ok(opts) = crate::mmds::parse(rest) {
+                let control = [&opts.instance_id, &opts.env_id]
+                    .iter()
+                    .any(|id| id.chars().any(char::is_control));
+                assert_eq!(crate::mmds::check_identity(&opts).is_err(), control);
             }
         }
         1 => {

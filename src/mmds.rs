@@ -11,6 +11,7 @@
 //! `/init`, which needs the token's hash, waits for an answer (bounded by [`HASH_TIMEOUT`]).
 
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::platform::http_client;
+use crate::platform::{http_client, walk};
 
 /// envd's address, used only under envd's program name (see [`envd_default_address`]).
 pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
@@ -29,21 +30,23 @@ pub const ENVD_ADDRESS: &str = "169.254.169.254:80";
 pub const LINK_LOCAL_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 169, 254);
 /// envd's MMDS token lifetime, sent in `X-metadata-token-ttl-seconds`.
 const TOKEN_TTL_SECONDS: u32 = 60;
-/// Each socket operation of the poller (connect, one write, one read) and its whole exchange.
-const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Each of the poller's two requests, connect to last byte (envd's
+/// `mmdsAccessTokenRequestClientTimeout`): a service that answers each request seconds late is
+/// still read.
+const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The whole of one `/init`'s read of the token hash (both requests): a stalled service holds
 /// that `/init`'s worker no longer than this.
 pub const HASH_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one poll goes on retrying before it gives up (envd: 60 s after an `/init`).
 const POLL_BUDGET: Duration = Duration::from_secs(60);
 /// The first pause between tries (envd's 50 ms tick), doubled after each failure up to
-/// [`MAX_BACKOFF`].
+/// [`MAX_BACKOFF`]: a service that is down costs a try every 2 s, not 20 a second.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Largest answer read: MMDS's JSON is a few hundred bytes.
 const MAX_ANSWER: usize = 64 * 1024;
 /// Where envd writes the sandbox's identity, under `--system-root`.
-const RUN_DIR: &str = "run/e2b";
+const RUN_DIR: &str = "/run/e2b";
 
 /// The fields envd reads from the metadata service; absent ones are empty, others ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -65,6 +68,20 @@ pub struct MmdsOpts {
 /// Parses MMDS's `GET /` answer.
 pub fn parse(body: &[u8]) -> Result<MmdsOpts, String> {
     serde_json::from_slice(body).map_err(|e| format!("metadata is not the JSON expected: {e}"))
+}
+
+/// Refuses an identity that could not be passed on: an id with a NUL or another control
+/// character would make every process start fail (no environment holds a NUL) and put a line
+/// break in the files under `/run/e2b`.
+pub fn check_identity(opts: &MmdsOpts) -> Result<(), String> {
+    for (field, value) in [("instanceID", &opts.instance_id), ("envID", &opts.env_id)] {
+        if value.chars().any(char::is_control) {
+            return Err(format!(
+                "the metadata's {field} {value:?} has a control character"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// envd's rule for where the metadata service is: an explicit `--mmds-address` wins; a daemon
@@ -137,6 +154,8 @@ pub struct Mmds {
     address: SocketAddr,
     system_root: PathBuf,
     identity: RwLock<Option<Identity>>,
+    /// The last malformed answer logged, so that one repeated is logged once.
+    refused: Mutex<Option<(String, String)>>,
     /// Whether the service has answered a read (the poller's or `/init`'s) at least once.
     answered: AtomicBool,
     /// Whether a poll was asked for since the poller last started one.
@@ -150,6 +169,7 @@ impl Mmds {
             address,
             system_root,
             identity: RwLock::new(None),
+            refused: Mutex::new(None),
             answered: AtomicBool::new(false),
             wanted: Mutex::new(false),
             wake: Condvar::new(),
@@ -208,9 +228,10 @@ impl Mmds {
     /// The poller's loop: waits for a request, then tries until the service answers or the
     /// budget is spent, pausing with a doubling backoff between tries.
     fn poller(&self) {
-        let dir = self.system_root.join(RUN_DIR);
-        if let Err(e) = write_run_file(&dir, ".E2B_SANDBOX", "true", 0o444) {
-            crate::log::line(format_args!("mmds: cannot write {}: {e}", dir.display()));
+        if let Err(e) = write_run_file(&self.system_root, ".E2B_SANDBOX", "true", 0o444) {
+            crate::log::line(format_args!(
+                "mmds: cannot write {RUN_DIR}/.E2B_SANDBOX: {e}"
+            ));
         }
         loop {
             {
@@ -242,18 +263,28 @@ impl Mmds {
         }
     }
 
-    /// Writes envd's files for the identity, then records it.
+    /// Writes envd's files for the identity, then records it; a malformed one is refused
+    /// (logged once) and the identity known before is kept.
     fn learn(&self, opts: &MmdsOpts) {
-        let dir = self.system_root.join(RUN_DIR);
+        self.answered.store(true, Ordering::Relaxed);
+        if let Err(reason) = check_identity(opts) {
+            let answer = Some((opts.instance_id.clone(), opts.env_id.clone()));
+            let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            if *refused != answer {
+                crate::log::line(format_args!(
+                    "mmds: ignoring a malformed identity: {reason}; the identity known before \
+                     is kept"
+                ));
+                *refused = answer;
+            }
+            return;
+        }
         for (name, value) in [
             (".E2B_SANDBOX_ID", &opts.instance_id),
             (".E2B_TEMPLATE_ID", &opts.env_id),
         ] {
-            if let Err(e) = write_run_file(&dir, name, value, 0o644) {
-                crate::log::line(format_args!(
-                    "mmds: cannot write {}: {e}",
-                    dir.join(name).display()
-                ));
+            if let Err(e) = write_run_file(&self.system_root, name, value, 0o644) {
+                crate::log::line(format_args!("mmds: cannot write {RUN_DIR}/{name}: {e}"));
             }
         }
         // After the files: whoever sees the new identity finds them written.
@@ -262,37 +293,37 @@ impl Mmds {
             template_id: opts.env_id.clone(),
         };
         *self.identity.write().unwrap_or_else(|e| e.into_inner()) = Some(identity);
-        self.answered.store(true, Ordering::Relaxed);
         crate::log::export::set_target(&opts.address, &opts.instance_id, &opts.env_id);
     }
 }
 
-/// Writes `dir/name` atomically (a temporary file in `dir`, fsync, rename, fsync of `dir`), so
-/// a reader or a crash never sees a partial file; `dir` is created (0755) if missing.
-fn write_run_file(dir: &Path, name: &str, content: &str, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)?;
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+/// Writes `name` in `/run/e2b` under `system_root` atomically, through descriptors: the
+/// directory opened (made, root's, 0755) following no symlink (`platform::walk`), a temporary
+/// made in it with `O_CREAT | O_EXCL | O_NOFOLLOW` (a name already there, left by a crash or
+/// planted, is unlinked first, never written through), written, given `mode` (`fchmod`), made
+/// durable, renamed over `name` within the held directory, and the directory synced: a reader
+/// or a crash never sees a partial file, and no link redirects the write.
+fn write_run_file(system_root: &Path, name: &str, content: &str, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = walk::open_below(system_root, RUN_DIR)?;
+    let temp = OsString::from(format!(".{name}.{}.tmp", std::process::id()));
+    let name = OsStr::new(name);
     let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)?;
+        match dir.remove(&temp, false) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut file = dir.create_file(&temp, 0o600)?;
         file.write_all(content.as_bytes())?;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         file.sync_all()?;
-        std::fs::rename(&temp, dir.join(name))?;
-        std::fs::File::open(dir)?.sync_all()
+        dir.rename(&temp, &dir, name)?;
+        dir.sync()
     })();
     if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
+        let _ = dir.remove(&temp, false);
     }
-    written
+    written.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -344,16 +375,73 @@ mod tests {
 
     #[test]
     fn run_files_are_replaced_whole() {
-        let dir = std::env::temp_dir().join(format!("sandboxd-mmds-{}", std::process::id()));
-        let run = dir.join("run/e2b");
-        write_run_file(&run, ".E2B_SANDBOX_ID", "first-longer", 0o666).unwrap();
-        write_run_file(&run, ".E2B_SANDBOX_ID", "second", 0o666).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(run.join(".E2B_SANDBOX_ID")).unwrap(),
-            "second"
-        );
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let run = root.path().join("run/e2b");
+        write_run_file(root.path(), ".E2B_SANDBOX_ID", "first-longer", 0o666).unwrap();
+        write_run_file(root.path(), ".E2B_SANDBOX_ID", "second", 0o666).unwrap();
+        let file = run.join(".E2B_SANDBOX_ID");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "second");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o666, "the mode whatever the umask");
         let names: Vec<_> = std::fs::read_dir(&run).unwrap().collect();
         assert_eq!(names.len(), 1, "no temporary file is left behind");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_link_at_the_temporary_name_is_not_written_through() {
+        let root = tempfile::tempdir().unwrap();
+        let run = root.path().join("run/e2b");
+        std::fs::create_dir_all(&run).unwrap();
+        let victim = root.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let temp = run.join(format!("..E2B_SANDBOX_ID.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &temp).unwrap();
+        write_run_file(root.path(), ".E2B_SANDBOX_ID", "isb1", 0o644).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let meta = std::fs::symlink_metadata(run.join(".E2B_SANDBOX_ID")).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(
+            std::fs::read_to_string(run.join(".E2B_SANDBOX_ID")).unwrap(),
+            "isb1"
+        );
+        assert!(!temp.exists() && std::fs::symlink_metadata(&temp).is_err());
+    }
+
+    #[test]
+    fn a_link_at_the_run_directory_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = root.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir_all(root.path().join("run")).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.path().join("run/e2b")).unwrap();
+        let error = write_run_file(root.path(), ".E2B_SANDBOX_ID", "isb1", 0o644).unwrap_err();
+        assert_eq!(
+            error,
+            "'/run/e2b' is a symbolic link, which sandboxd does not follow there"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn identities_with_control_characters_are_refused() {
+        let opts = |instance: &str, env: &str| MmdsOpts {
+            instance_id: instance.into(),
+            env_id: env.into(),
+            ..MmdsOpts::default()
+        };
+        assert_eq!(check_identity(&opts("isb1", "tpl2")), Ok(()));
+        assert_eq!(check_identity(&opts("", "")), Ok(()));
+        assert_eq!(check_identity(&opts("é-ü", "tpl")), Ok(()));
+        assert_eq!(
+            check_identity(&opts("is\0b", "tpl")),
+            Err(r#"the metadata's instanceID "is\0b" has a control character"#.to_string())
+        );
+        assert_eq!(
+            check_identity(&opts("isb", "t\npl")),
+            Err(r#"the metadata's envID "t\npl" has a control character"#.to_string())
+        );
+        assert!(check_identity(&opts("a\u{7f}", "t")).is_err());
+        assert!(check_identity(&opts("a\u{85}", "t")).is_err());
     }
 }

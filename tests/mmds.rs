@@ -24,6 +24,8 @@ pub(crate) struct State {
     pub(crate) metadata: serde_json::Value,
     /// Accept connections but never answer.
     stall: bool,
+    /// Answer each request this late.
+    late: Duration,
     /// Answer the metadata with this text instead of the JSON.
     garbage: Option<&'static str>,
     /// Requests that broke MMDS v2's protocol, described.
@@ -89,10 +91,15 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
             _ => return,
         }
     }
-    if state.lock().unwrap().stall {
+    let (stall, late) = {
+        let state = state.lock().unwrap();
+        (state.stall, state.late)
+    };
+    if stall {
         std::thread::sleep(Duration::from_secs(30));
         return;
     }
+    std::thread::sleep(late);
     let head = String::from_utf8_lossy(&head).to_string();
     let header = |name: &str| {
         head.lines().skip(1).find_map(|line| {
@@ -235,6 +242,106 @@ fn an_init_reads_the_identity_again_as_after_a_resume() {
     assert_eq!(id, "isb-2");
 }
 
+/// Metadata reads made so far, once at least `count` have been made (10 s at most), and the
+/// poller given a moment to act on the last.
+fn wait_for_reads(mmds: &FakeMmds, count: usize) {
+    let deadline = Instant::now() + WAIT;
+    while mmds.reads() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{} reads, not {count}",
+            mmds.reads()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn a_malformed_identity_is_refused_and_the_one_known_before_kept() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    wait_for_id(&daemon, TOKEN, "isb-1");
+    let reads = mmds.reads();
+    mmds.set(|s| s.metadata["instanceID"] = json!("isb\u{0}2"));
+    // Two resumes: each reads the service again.
+    for done in [reads + 1, reads + 2] {
+        assert_eq!(
+            init(&daemon, &[("X-Access-Token", TOKEN)], "{}").status,
+            204
+        );
+        wait_for_reads(&mmds, done);
+    }
+    let env = envs(&daemon, TOKEN).json();
+    assert_eq!(env["E2B_SANDBOX_ID"], "isb-1");
+    assert_eq!(run(&daemon, "echo \"$E2B_SANDBOX_ID\""), "isb-1\n");
+    let id = std::fs::read_to_string(root.path().join("run/e2b/.E2B_SANDBOX_ID")).unwrap();
+    assert_eq!(id, "isb-1");
+    let refused = |line: &str| {
+        line.ends_with(
+            r#"mmds: ignoring a malformed identity: the metadata's instanceID "isb\02" has a control character; the identity known before is kept"#,
+        )
+    };
+    let log = daemon.log_with(refused);
+    assert_eq!(
+        log.iter().filter(|line| refused(line)).count(),
+        1,
+        "{log:?}"
+    );
+    // A good one again is taken.
+    mmds.set(|s| s.metadata["instanceID"] = json!("isb-3"));
+    assert_eq!(
+        init(&daemon, &[("X-Access-Token", TOKEN)], "{}").status,
+        204
+    );
+    wait_for_id(&daemon, TOKEN, "isb-3");
+}
+
+#[test]
+fn a_link_planted_at_run_e2b_or_at_a_temporary_name_is_not_written_through() {
+    let mmds = FakeMmds::start(metadata(""));
+    let root = tempfile::tempdir().unwrap();
+    let elsewhere = root.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::create_dir_all(root.path().join("run")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, root.path().join("run/e2b")).unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    wait_for_id(&daemon, TOKEN, "isb-1");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    daemon.log_with(|line| {
+        line.ends_with(
+            "mmds: cannot write /run/e2b/.E2B_SANDBOX_ID: '/run/e2b' is a symbolic link, which \
+             sandboxd does not follow there",
+        )
+    });
+    // The directory as it should be, and a link where the next write's temporary goes.
+    std::fs::remove_file(root.path().join("run/e2b")).unwrap();
+    let run_dir = root.path().join("run/e2b");
+    std::fs::create_dir(&run_dir).unwrap();
+    let victim = elsewhere.join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    let temp = run_dir.join(format!("..E2B_SANDBOX_ID.{}.tmp", daemon.pid()));
+    std::os::unix::fs::symlink(&victim, &temp).unwrap();
+    mmds.set(|s| s.metadata["instanceID"] = json!("isb-2"));
+    assert_eq!(
+        init(&daemon, &[("X-Access-Token", TOKEN)], "{}").status,
+        204
+    );
+    wait_for_id(&daemon, TOKEN, "isb-2");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+    let written = run_dir.join(".E2B_SANDBOX_ID");
+    assert!(std::fs::symlink_metadata(&written)
+        .unwrap()
+        .file_type()
+        .is_file());
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "isb-2");
+    assert!(
+        std::fs::symlink_metadata(&temp).is_err(),
+        "the planted name is gone"
+    );
+}
+
 #[test]
 fn a_resumed_sandbox_takes_the_new_token_whose_hash_mmds_holds() {
     let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
@@ -362,6 +469,28 @@ fn a_stalled_mmds_delays_neither_start_up_nor_health() {
     // Once it answers, the identity arrives.
     mmds.set(|s| s.stall = false);
     wait_for_id(&daemon, "rotated", "isb-1");
+}
+
+/// envd gives each request to the service 10 s: one that answers each 2 s late (a busy host)
+/// still gives the identity (it never arrived when the poller gave the exchange 2 s in all).
+#[test]
+fn a_service_answering_each_request_2_s_late_still_gives_the_identity() {
+    let mmds = FakeMmds::start(metadata(&sha512_hex("new-token")));
+    mmds.set(|s| s.late = Duration::from_secs(2));
+    let root = tempfile::tempdir().unwrap();
+    let daemon = mmds.daemon(builder(), root.path());
+    assert_health_within(&daemon, Duration::from_secs(1));
+    let env = wait_for_id(&daemon, TOKEN, "isb-1");
+    assert_eq!(env["E2B_TEMPLATE_ID"], "tpl-1");
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("run/e2b/.E2B_SANDBOX_ID")).unwrap(),
+        "isb-1"
+    );
+    assert!(
+        !daemon.log().iter().any(|l| l.contains("gave up polling")),
+        "{:?}",
+        daemon.log()
+    );
 }
 
 #[test]

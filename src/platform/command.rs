@@ -1,4 +1,4 @@
-//! Running a system program for the daemon itself (`mount`, `umount`, `findmnt`), as envd's
+//! Running a system program for the daemon itself (`/init`'s `mount`), as envd's
 //! `exec.CommandContext(...).CombinedOutput()` does, within a time budget.
 //!
 //! The program is found on the daemon's `PATH` (a test puts fakes first), or, with [`run_from`],
@@ -55,17 +55,6 @@ pub struct Ran {
     pub result: Result<(), Failure>,
     /// Output and errors together, at most [`OUTPUT_KEPT`] bytes, lossily UTF-8.
     pub output: String,
-}
-
-impl Ran {
-    /// The exit code, when it exited (`findmnt`'s 1 means "not mounted").
-    pub fn exit_code(&self) -> Option<i32> {
-        match self.result {
-            Ok(()) => Some(0),
-            Err(Failure::Ended(WaitStatus::Exited(code))) => Some(code),
-            _ => None,
-        }
-    }
 }
 
 /// Runs `program args...` until it exits or `deadline` passes.
@@ -196,7 +185,6 @@ mod tests {
     fn an_exit_code_is_the_failure() {
         let ran = run("sh", &["-c", "echo no >&2; exit 32"], soon());
         assert_eq!(ran.result, Err(Failure::Ended(WaitStatus::Exited(32))));
-        assert_eq!(ran.exit_code(), Some(32));
         assert_eq!(ran.result.unwrap_err().to_string(), "exit status 32");
     }
 

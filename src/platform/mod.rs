@@ -9,7 +9,8 @@
 //! - [`hosts`]: `hyperloopIP`, the `events.e2b.local` line of `/etc/hosts`.
 //! - [`init_files`]: the seam into `/init`: validation, order, locking, errors.
 //! - [`volumes`]: `volumeMounts` and `lifecycleID`, the sandbox's NFS volumes.
-//! - [`command`]: the system programs those run (`mount`, `umount`, `findmnt`), in a budget.
+//! - [`walk`]: a system directory opened component by component, following no symlink.
+//! - [`command`]: the system programs those run (`mount`), in a budget.
 //! - [`cgroups`]: the started processes' cgroups, `/freeze` and `/unfreeze`.
 //! - [`fsfreeze`]: `/fsfreeze` and `/fsthaw`, and the gate of the daemon's file writers.
 //! - [`collapse`]: `/collapse`, the daemon's heap into transparent hugepages.
@@ -28,4 +29,5 @@ pub mod hosts;
 pub mod http_client;
 pub mod init_files;
 pub mod volumes;
+pub mod walk;
 pub mod watchdog;

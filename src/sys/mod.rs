@@ -17,6 +17,7 @@ pub mod fsfreeze;
 pub mod handover;
 pub mod inotify;
 pub mod madvise;
+pub mod mount;
 pub mod net;
 pub mod poll;
 pub mod priority;

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use prost::Message;
 
 use crate::app::{AppState, Defaults};
+use crate::platform::volumes::Mounted;
 
 /// The highest layout this build reads and the one it writes.
 pub const SCHEMA: u32 = 1;
@@ -75,13 +76,18 @@ pub struct Handover {
     pub binary_fd: Option<i32>,
 }
 
-/// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`.
+/// One NFS volume of the ledger (`platform::volumes`), as envd's `MountEntry`, with the
+/// identity of the mounted root (absent from images before it was recorded).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct MountEntry {
     #[prost(string, tag = "1")]
     pub path: String,
     #[prost(string, tag = "2")]
     pub lifecycle_id: String,
+    #[prost(uint64, optional, tag = "3")]
+    pub root_dev: Option<u64>,
+    #[prost(uint64, optional, tag = "4")]
+    pub root_ino: Option<u64>,
 }
 
 impl Handover {
@@ -107,7 +113,12 @@ impl Handover {
             mounts: state
                 .volumes
                 .into_iter()
-                .map(|(path, lifecycle_id)| MountEntry { path, lifecycle_id })
+                .map(|(path, mounted)| MountEntry {
+                    path,
+                    lifecycle_id: mounted.lifecycle,
+                    root_dev: mounted.root.map(|(dev, _)| dev),
+                    root_ino: mounted.root.map(|(_, ino)| ino),
+                })
                 .collect(),
             ..Handover::default()
         }
@@ -140,7 +151,13 @@ impl Handover {
             volumes: self
                 .mounts
                 .iter()
-                .map(|m| (m.path.clone(), m.lifecycle_id.clone()))
+                .map(|m| {
+                    let mounted = Mounted {
+                        lifecycle: m.lifecycle_id.clone(),
+                        root: m.root_dev.zip(m.root_ino),
+                    };
+                    (m.path.clone(), mounted)
+                })
                 .collect(),
         }
     }
@@ -161,7 +178,22 @@ mod tests {
             },
             last_init: Some(1_700_000_000_000_000_000),
             initialized: true,
-            volumes: vec![("/mnt/data".into(), "life".into())],
+            volumes: vec![
+                (
+                    "/mnt/data".into(),
+                    Mounted {
+                        lifecycle: "life".into(),
+                        root: Some((64, 1)),
+                    },
+                ),
+                (
+                    "/mnt/old".into(),
+                    Mounted {
+                        lifecycle: "".into(),
+                        root: None,
+                    },
+                ),
+            ],
         }
     }
 

@@ -1,36 +1,45 @@
 //! `/init`'s `volumeMounts` and `lifecycleID`: the sandbox's NFS volumes, mounted as envd
-//! mounts them (`setupNFS` in envd's `internal/api/init.go`).
+//! mounts them (`setupNFS` in envd's `internal/api/init.go`). This module owns the request's
+//! checks, the ledger and the order of a setup; [`setup`] does one volume.
 //!
 //! The daemon keeps a ledger of what it mounted: mount point → the lifecycle it was mounted
-//! for. A volume is (re)mounted unless the ledger has it for the `/init`'s lifecycle
-//! ([`should_remount`], envd's truth table): a resumed or forked sandbox gets a new
-//! `lifecycleID` and with it fresh mounts, the old ones forced off first (`findmnt` says
-//! whether something is mounted there; `umount --force`, then `umount --lazy` when that
-//! fails). Volumes are set up in parallel within one budget of [`BUDGET`], with envd's
-//! commands and options ([`NFS_OPTIONS`]) through `platform::command`. Volumes no longer
-//! listed are left mounted, as envd leaves them.
+//! for and the identity (device, inode) of the mounted root. A volume is (re)mounted unless the
+//! ledger has it for the `/init`'s lifecycle ([`should_remount`], envd's truth table): a resumed
+//! or forked sandbox gets a new `lifecycleID` and with it fresh mounts, the old ones forced off
+//! first (then lazily when that fails). Volumes are set up in parallel within one budget of
+//! [`BUDGET`], with envd's `mount` command and options ([`NFS_OPTIONS`]) through
+//! `platform::command`. Volumes no longer listed are left mounted, as envd leaves them.
 //!
-//! **Differences from envd, on purpose:** the entries are checked before anything is done
-//! (envd passes any string to `mount`: an `nfs_target` beginning with `-` would be read as an
-//! option); the mount point and its missing parents are created by the daemon, as root, 0755,
-//! through descriptors that follow no symlink, under `--system-root` (envd runs `mkdir -p`,
-//! which follows whatever a local user put on the path: a link from the volume's path to
-//! `/etc` would mount the volume there); a second `/init` during a setup waits for it (envd
-//! answers 204 at once having mounted nothing) and then does what is left.
+//! **Differences from envd, on purpose** (root never acts by a path a user can redirect):
+//! - the entries are checked before anything is done (envd passes any string to `mount`: an
+//!   `nfs_target` beginning with `-` would be read as an option);
+//! - before anything else the mount point is opened, its missing directories made (root,
+//!   0755), component by component following no symlink, under `--system-root` (envd runs
+//!   `findmnt`, `umount --force` and `mkdir -p` by path: a user who links the volume's path,
+//!   or a parent, to `/proc` or `/etc` gets that unmounted or mounted over by root);
+//! - only what the ledger says the daemon mounted there is unmounted, and only while the
+//!   directory found there is still that mount's root (same device and inode); it is taken off
+//!   through its descriptor (`umount2` on `/proc/self/fd/N`), not by `umount` and a path, so
+//!   envd's `findmnt` is not run. A mount the daemon did not record (one from before a restart
+//!   that lost the ledger) is left, and the volume is mounted on top of it; envd would force
+//!   whatever is there off. `umount.nfs`'s notice to the server is not sent (its stale handles
+//!   are what is being dropped);
+//! - `mount` mounts in a staging directory only root can change and the mount is then attached
+//!   onto the directory held ([`setup`]): envd's `mount` is given the path;
+//! - a second `/init` during a setup waits for it (envd answers 204 at once having mounted
+//!   nothing) and then does what is left.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::command::{self, Ran};
+use super::command::Ran;
 use crate::error::ApiError;
-use crate::fs::dirs::{make_dir, Made};
-use crate::log;
-use crate::sys::dir::Dir;
+
+pub mod setup;
 
 /// envd's NFS options (its proxy speaks NFSv3 over TCP on 2049; no caching, so a pause and
 /// resume see the server's files), after `fg,hard`.
@@ -38,8 +47,6 @@ pub const NFS_OPTIONS: &str = "sync,rsize=1048576,wsize=1048576,mountproto=tcp,m
                                proto=tcp,port=2049,nfsvers=3,noacl,noac,lookupcache=none";
 /// One `/init`'s whole setup, as envd's `nfsMountTimeout`.
 pub const BUDGET: Duration = Duration::from_secs(10);
-/// The lazy unmount after a failed forced one gets a fresh budget of its own, as envd's.
-pub const LAZY_BUDGET: Duration = Duration::from_secs(2);
 /// Volumes one `/init` may list.
 pub const MAX_VOLUMES: usize = 64;
 /// The longest `path` or `nfs_target` accepted (Linux's `PATH_MAX` less its NUL).
@@ -60,28 +67,39 @@ pub struct Request {
     lifecycle: String,
 }
 
-/// What the daemon mounted, for which lifecycle; and the lock one setup at a time holds.
+/// What the daemon mounted at one mount point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mounted {
+    /// The lifecycle it was mounted for (`""` when the `/init` named none).
+    pub lifecycle: String,
+    /// Device and inode of the mounted root, as the kernel had them cached; `None` when a
+    /// previous image handed over an entry without them (that mount is then never unmounted).
+    pub root: Option<(u64, u64)>,
+}
+
+/// What the daemon mounted, where; and the lock one setup at a time holds.
 #[derive(Default)]
 pub struct Ledger {
-    mounted: Mutex<BTreeMap<String, String>>,
+    mounted: Mutex<BTreeMap<String, Mounted>>,
     setting_up: Mutex<()>,
 }
 
 impl Ledger {
-    fn mounted(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
+    fn mounted(&self) -> MutexGuard<'_, BTreeMap<String, Mounted>> {
         self.mounted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Mount point → lifecycle, for a live upgrade's handover (the mounts outlive the image).
-    pub fn entries(&self) -> Vec<(String, String)> {
+    /// Mount point → what was mounted, for a live upgrade's handover (the mounts outlive the
+    /// image).
+    pub fn entries(&self) -> Vec<(String, Mounted)> {
         self.mounted()
             .iter()
-            .map(|(path, lifecycle)| (path.clone(), lifecycle.clone()))
+            .map(|(path, mounted)| (path.clone(), mounted.clone()))
             .collect()
     }
 
     /// Takes back the entries a previous image handed over.
-    pub fn restore(&self, entries: Vec<(String, String)>) {
+    pub fn restore(&self, entries: Vec<(String, Mounted)>) {
         *self.mounted() = entries.into_iter().collect();
     }
 }
@@ -160,16 +178,36 @@ impl Request {
             self.volumes
                 .iter()
                 .filter(|(path, _)| {
-                    should_remount(mounted.get(path).map(String::as_str), &self.lifecycle)
+                    should_remount(
+                        mounted.get(path).map(|m| m.lifecycle.as_str()),
+                        &self.lifecycle,
+                    )
                 })
                 .collect()
         };
+        if due.is_empty() {
+            return Ok(());
+        }
+        let stage = setup::open_stage(system_root).map_err(|error| {
+            ApiError::bad_request(format!(
+                "failed to setup NFS volumes: cannot open the staging directory: {error}"
+            ))
+        })?;
+        let stage = &stage;
         let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
             let runs: Vec<_> = due
                 .iter()
                 .map(|(path, target)| {
                     scope.spawn(move || {
-                        set_up(ledger, system_root, path, target, &self.lifecycle, deadline)
+                        let volume = (path.as_str(), target.as_str());
+                        setup::set_up(
+                            ledger,
+                            system_root,
+                            stage,
+                            volume,
+                            &self.lifecycle,
+                            deadline,
+                        )
                     })
                 })
                 .collect();
@@ -187,128 +225,6 @@ impl Request {
             None => Ok(()),
         }
     }
-}
-
-/// One volume: the stale mount off, the mount point made, the volume mounted, recorded.
-fn set_up(
-    ledger: &Ledger,
-    system_root: &Path,
-    path: &str,
-    target: &str,
-    lifecycle: &str,
-    deadline: Instant,
-) -> Result<(), String> {
-    let point = system_root.join(path.trim_start_matches('/'));
-    let shown = point.display().to_string();
-    unmount_stale(ledger, path, &shown, deadline)
-        .map_err(|error| format!("failed to unmount stale NFS mount at '{path}': {error}"))?;
-    make_mount_point(system_root, path).map_err(|error| {
-        format!("failed to mount NFS at '{path}': cannot create the mount point: {error}")
-    })?;
-    let options = format!("fg,hard,{NFS_OPTIONS}");
-    let args = ["-v", "-t", "nfs", "-o", &options, target, &shown];
-    let ran = command::run("mount", &args, deadline);
-    if let Err(failure) = &ran.result {
-        return Err(format!(
-            "failed to mount NFS at '{path}': 'mount {}' failed: {failure}{}",
-            args.join(" "),
-            output_suffix(&ran)
-        ));
-    }
-    ledger
-        .mounted()
-        .insert(path.to_string(), lifecycle.to_string());
-    log::line(format_args!(
-        "init: volume {target} mounted at '{path}' for lifecycle '{lifecycle}'"
-    ));
-    Ok(())
-}
-
-/// Forces off whatever is mounted at `point` (nothing: nothing to do), as envd's `unmountNFS`.
-fn unmount_stale(
-    ledger: &Ledger,
-    path: &str,
-    point: &str,
-    deadline: Instant,
-) -> Result<(), String> {
-    let found = command::run(
-        "findmnt",
-        &["--noheadings", "--output", "SOURCE", point],
-        deadline,
-    );
-    match found.exit_code() {
-        Some(0) => {}
-        // findmnt's "not a mount point".
-        Some(1) => return Ok(()),
-        _ => {
-            let failure = found
-                .result
-                .as_ref()
-                .err()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            return Err(format!(
-                "cannot tell whether it is mounted: 'findmnt' failed: {failure}{}",
-                output_suffix(&found)
-            ));
-        }
-    }
-    let source = found.output.trim();
-    if source.is_empty() {
-        return Ok(());
-    }
-    log::line(format_args!(
-        "init: unmounting the stale mount at '{path}' (was {source})"
-    ));
-    let forced = command::run("umount", &["--force", point], deadline);
-    if let Err(failure) = &forced.result {
-        log::line(format_args!(
-            "init: 'umount --force {point}' failed: {failure}{}; trying 'umount --lazy'",
-            output_suffix(&forced)
-        ));
-        let lazy = command::run("umount", &["--lazy", point], Instant::now() + LAZY_BUDGET);
-        if let Err(failure) = &lazy.result {
-            return Err(format!(
-                "'umount --lazy {point}' failed: {failure}{}",
-                output_suffix(&lazy)
-            ));
-        }
-    }
-    ledger.mounted().remove(path);
-    Ok(())
-}
-
-/// Opens or creates each directory of `path` below `system_root`, following no symlink.
-fn make_mount_point(system_root: &Path, path: &str) -> Result<(), String> {
-    let mut dir =
-        Dir::open(system_root).map_err(|error| format!("'{}': {error}", system_root.display()))?;
-    let mut walked = PathBuf::from("/");
-    for name in path.split('/').filter(|name| !name.is_empty()) {
-        let name = OsStr::new(name);
-        walked.push(name);
-        dir = match dir.open_dir(name, false) {
-            Ok(next) => next,
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => make_dir(&dir, name, 0, 0)
-                .map_err(|made| match made {
-                    Made::NotADirectory => format!("'{}' is not a directory", walked.display()),
-                    Made::Replaced => format!("'{}' was replaced while made", walked.display()),
-                    Made::Failed(error) => format!("'{}': {error}", walked.display()),
-                })?,
-            Err(error) if matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-                let link = dir.stat_at(name, false).is_ok_and(|stat| stat.is_symlink());
-                return Err(if link {
-                    format!(
-                        "'{}' is a symbolic link, which a mount point may not pass through",
-                        walked.display()
-                    )
-                } else {
-                    format!("'{}' is not a directory", walked.display())
-                });
-            }
-            Err(error) => return Err(format!("'{}': {error}", walked.display())),
-        };
-    }
-    Ok(())
 }
 
 /// `path` as `/a/b` (repeated and trailing slashes dropped), or `None` when it is not an
@@ -333,6 +249,7 @@ fn normalise(path: &str) -> Option<String> {
     (!normal.is_empty() && !has_dot).then_some(normal)
 }
 
+/// A program's output at the end of an error, when it printed any.
 fn output_suffix(ran: &Ran) -> String {
     let output = ran.output.trim();
     if output.is_empty() {
@@ -416,24 +333,5 @@ mod tests {
             "volumeMounts lists 65 volumes; at most 64 are accepted"
         );
         assert_eq!(error.status, 400);
-    }
-
-    #[test]
-    fn a_mount_point_is_made_without_following_links() {
-        let root = tempfile::tempdir().unwrap();
-        make_mount_point(root.path(), "/mnt/data/deep").unwrap();
-        assert!(root.path().join("mnt/data/deep").is_dir());
-        std::fs::create_dir(root.path().join("elsewhere")).unwrap();
-        std::os::unix::fs::symlink(root.path().join("elsewhere"), root.path().join("link"))
-            .unwrap();
-        let error = make_mount_point(root.path(), "/link/vol").unwrap_err();
-        assert_eq!(
-            error,
-            "'/link' is a symbolic link, which a mount point may not pass through"
-        );
-        assert!(!root.path().join("elsewhere/vol").exists());
-        std::fs::write(root.path().join("file"), "").unwrap();
-        let error = make_mount_point(root.path(), "/file/vol").unwrap_err();
-        assert_eq!(error, "'/file' is not a directory");
     }
 }
