@@ -325,24 +325,18 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
     Ok(Command::Sign(request))
 }
 
-/// `--healthcheck`'s target: an address (`127.0.0.1:49983`, `[::1]:49983`) or `HOST:PORT`
-/// with a name (`localhost:49983`), checked here and resolved when probed.
+/// `--healthcheck`'s target: an address (`127.0.0.1:49983`, `[::1]:49983`) or
+/// `localhost:PORT`, checked here.
 fn health_target(text: &str) -> Result<String, String> {
-    if text.parse::<SocketAddr>().is_ok() {
-        return Ok(text.to_string());
-    }
-    let name_ok = |host: &str| {
-        !host.is_empty()
-            && host.len() <= 253
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    };
-    match text.rsplit_once(':') {
-        Some((host, port)) if name_ok(host) && port.parse::<u16>().is_ok() => Ok(text.to_string()),
-        _ => Err(format!(
+    let localhost = text.rsplit_once(':').is_some_and(|(host, port)| {
+        host.eq_ignore_ascii_case("localhost") && port.parse::<u16>().is_ok()
+    });
+    if localhost || text.parse::<SocketAddr>().is_ok() {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
             "--healthcheck: '{text}' is not an address like 127.0.0.1:49983 or localhost:49983"
-        )),
+        ))
     }
 }
 
@@ -527,7 +521,7 @@ mod tests {
             .unwrap(),
             Command::Healthcheck("127.0.0.1:5".into())
         );
-        for target in ["localhost:49983", "[::1]:7", "sandbox-1.internal:80"] {
+        for target in ["localhost:49983", "LOCALHOST:1", "[::1]:7"] {
             assert_eq!(
                 parse("sandboxd", &args(&["--healthcheck", target]), &no_env).unwrap(),
                 Command::Healthcheck(target.into())
