@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 use super::check;
 
 mod entries;
+mod held;
+
+pub use held::Held;
 
 /// What `stat(2)` says of an entry, the fields sandboxd uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,14 +294,7 @@ impl Dir {
     /// and the access time too for [`Touch::Times`].
     fn set_times_at(&self, name: &OsStr, time: libc::timespec, what: Touch) -> io::Result<()> {
         let name = c_name(name)?;
-        let access = match what {
-            Touch::Times => time,
-            Touch::Modified => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-        };
-        let times = [access, time];
+        let times = both_times(time, what);
         // SAFETY: `name` is NUL-terminated and `times` an array of two timespecs, both alive
         // for the call, which only reads them.
         check(unsafe {
@@ -403,6 +399,28 @@ impl AsFd for Dir {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// The access and modification times `utimensat` takes: the modification time `time`, and the
+/// access time too for [`Touch::Times`] (else left as it is).
+fn both_times(time: libc::timespec, what: Touch) -> [libc::timespec; 2] {
+    let access = match what {
+        Touch::Times => time,
+        Touch::Modified => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    };
+    [access, time]
+}
+
+/// [`both_times`] for a time in seconds and nanoseconds.
+fn times((secs, nsec): (i64, u32), what: Touch) -> [libc::timespec; 2] {
+    let time = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: i64::from(nsec),
+    };
+    both_times(time, what)
 }
 
 fn proc_fd(fd: RawFd) -> PathBuf {
