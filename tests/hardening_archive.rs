@@ -1,5 +1,6 @@
 //! Directory archives beside a hostile local user (issue 34): a tar upload never changes a file
-//! the user swaps in for one of its staged names.
+//! the user swaps in for one of its staged names, and a tar download of a directory as wide as
+//! a user can make holds a bounded part of its names.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -7,9 +8,11 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::archive::archive;
 use crate::common::*;
+use crate::download_gzip::{dechunk, rest_of, rss_kib, start_gzip_download};
 
 /// Whether `name` is one of the daemon's temporaries (`.NAME.sandboxd-PID-START-N.tmp`).
 fn is_temporary(name: &str) -> bool {
@@ -130,4 +133,60 @@ fn a_hard_link_swapped_in_for_a_staged_symlink_keeps_its_owner() {
     );
     assert_eq!(fs::read(&victim).unwrap(), b"root's");
     eprintln!("{swaps} swaps; {placed} uploads placed, {refused} refused");
+}
+
+/// A directory of 40,000 names of 240 bytes (hard links: no inode each) is 10 MiB of names;
+/// four archives of it parked by readers that take nothing hold a bounded batch of them each
+/// (docs/design.md, "Directory archives"), not the listing. One read to the end has every
+/// name, in byte order.
+#[test]
+fn parked_archives_of_a_wide_directory_hold_a_bounded_batch_of_names() {
+    let daemon = builder().arg("--workers").arg("2").start();
+    let wide = daemon.dir.path().join("wide");
+    fs::create_dir(&wide).unwrap();
+    let first = wide.join(format!("{:08}{}", 0, "n".repeat(232)));
+    fs::write(&first, b"").unwrap();
+    for i in 1..40_000 {
+        fs::hard_link(&first, wide.join(format!("{i:08}{}", "n".repeat(232)))).unwrap();
+    }
+    let target = format!("/files?path={}&format=tar", enc(wide.to_str().unwrap()));
+    // One parked first: the download threads and their buffers exist before the measure.
+    let park = || start_gzip_download(&daemon, &target, "identity").0;
+    let mut parked = vec![park()];
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = rss_kib(daemon.pid());
+    parked.extend((0..4).map(|_| park()));
+    // Each walk fills its queue and the socket's buffers, then waits.
+    std::thread::sleep(Duration::from_millis(1500));
+    let grown = rss_kib(daemon.pid()).saturating_sub(before);
+    // Listed whole, the names are 11 MiB an archive (44 MiB for four).
+    assert!(grown < 20 * 1024, "RSS grew by {grown} KiB");
+    let (archive, complete) = dechunk(&rest_of(&mut parked[0]));
+    assert!(complete);
+    let names: Vec<String> = archive_names(&archive);
+    assert_eq!(names.len(), 40_000);
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "not in byte order");
+    eprintln!("RSS grew by {grown} KiB with four more archives parked");
+}
+
+/// The member names of a pax archive whose every member has a `path` record.
+fn archive_names(archive: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut at = 0;
+    while at + 512 <= archive.len() && archive[at..at + 512].iter().any(|&b| b != 0) {
+        let header = &archive[at..at + 512];
+        let size = std::str::from_utf8(&header[124..135])
+            .unwrap()
+            .trim_matches(char::from(0));
+        let size = usize::from_str_radix(size.trim(), 8).unwrap();
+        let data = &archive[at + 512..at + 512 + size];
+        if header[156] == b'x' {
+            let text = String::from_utf8_lossy(data);
+            if let Some(path) = text.lines().find_map(|l| l.split_once(" path=")) {
+                names.push(path.1.to_string());
+            }
+        }
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    names
 }

@@ -15,7 +15,8 @@
 //!
 //! **What is never followed.** Every step acts by descriptor: directories opened without
 //! following a symlink, files created with `O_EXCL | O_NOFOLLOW`, symlinks made by `symlinkat`
-//! and changed with `AT_SYMLINK_NOFOLLOW`. A member whose path passes through a symlink (one of
+//! and changed only through a descriptor checked to hold the link made (`held`: its staged name
+//! may be in the user's reach). A member whose path passes through a symlink (one of
 //! the archive, or one already on disk) is refused, as is one that would turn an existing
 //! directory into a file. Existing directories keep their mode, owner and metadata (GNU tar's
 //! `--no-overwrite-dir`) but take the archive's times once everything is in them, so that
@@ -32,10 +33,10 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, FileTimes};
-use std::io::{self, Write};
+
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -50,6 +51,9 @@ mod commit;
 mod held;
 pub mod names;
 mod tree;
+mod writing;
+
+use writing::Writing;
 
 use commit::make_private_dir;
 
@@ -133,17 +137,6 @@ enum Placement {
         /// A regular file's identity; `None` for a symlink.
         file: Option<FileId>,
     },
-}
-
-/// The file whose data is arriving.
-struct Writing {
-    file: File,
-    /// Its permission bits, and whether it was made with them already.
-    mode: u32,
-    mode_set: bool,
-    mtime: (i64, u32),
-    /// Its path, in [`Unpack::written`].
-    written: usize,
 }
 
 /// An archive being unpacked into one directory.
@@ -471,38 +464,6 @@ impl Unpack {
             file_id,
             parent_new,
         );
-        Ok(())
-    }
-
-    /// Bytes of the current file's data.
-    pub fn data(&mut self, bytes: &[u8]) -> Result<(), FsError> {
-        let Some(writing) = &mut self.writing else {
-            return Ok(());
-        };
-        writing.file.write_all(bytes).map_err(|e| {
-            let path = &self.written[writing.written];
-            FsError::io(e, format!("writing '{}'", path.display()))
-        })
-    }
-
-    /// The current file's data is complete: its mode and times are set, and it is closed.
-    pub fn finish_file(&mut self) -> Result<(), FsError> {
-        let Some(writing) = self.writing.take() else {
-            return Ok(());
-        };
-        let path = &self.written[writing.written];
-        let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", path.display()));
-        if !writing.mode_set {
-            writing
-                .file
-                .set_permissions(std::fs::Permissions::from_mode(writing.mode))
-                .map_err(fail)?;
-        }
-        let time = system_time(writing.mtime);
-        writing
-            .file
-            .set_times(FileTimes::new().set_accessed(time).set_modified(time))
-            .map_err(fail)?;
         Ok(())
     }
 }
