@@ -409,7 +409,10 @@ pub fn platform_inputs(data: &[u8]) {
 }
 
 /// Tar archives: the reader never panics, and gives the same members, data and outcome whether
-/// the archive is fed whole or in pieces (the first byte picks the piece size).
+/// the archive is fed whole or in pieces (the first byte picks the piece size). No member it
+/// gives has a NUL byte in its name or link target (a pax `path` or `linkpath` with one is the
+/// archive's error), so the unpacking's names always become C strings; and the unpacking's
+/// name check takes any name without panicking.
 pub fn tar(data: &[u8]) {
     let Some((&piece, archive)) = data.split_first() else {
         return;
@@ -417,6 +420,15 @@ pub fn tar(data: &[u8]) {
     let whole = read_tar(archive, archive.len().max(1));
     let split = read_tar(archive, usize::from(piece) + 1);
     assert_eq!(whole, split);
+    for (entry, _) in &whole.0 {
+        assert!(!entry.path.contains(&0), "a NUL in {:?}", entry.path);
+        assert!(!entry.link.contains(&0), "a NUL in {:?}", entry.link);
+        if let Ok(parts) = crate::fs::unpack::names::components(&entry.path, 0) {
+            assert!(parts
+                .iter()
+                .all(|part| !part.is_empty() && part.len() <= 255));
+        }
+    }
 }
 
 /// Each member's header and data, and how the archive ended.

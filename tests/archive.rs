@@ -942,6 +942,20 @@ fn the_other_refusals_answer_their_errors_and_change_nothing() {
         (bad_size, "invalid tar archive: the header at byte 0 has an invalid size field".into()),
         (member_with(&[("size", "ten")], "x"),
             "invalid tar archive: the pax header at byte 0 is malformed: a number that is not decimal".into()),
+        // A NUL in any name a record carries: the archive's fault (400), never a failed call.
+        (member_with(&[("path", "a\0b")], "x"),
+            "invalid tar archive: the pax header at byte 0 is malformed: a path with a NUL byte".into()),
+        (member_with(&[("path", "\0")], "x"),
+            "invalid tar archive: the pax header at byte 0 is malformed: a path with a NUL byte".into()),
+        ([pax(&[("linkpath", "t\0t")]), archive(&[("l", b'2', &b""[..], "")])].concat(),
+            "invalid tar archive: the pax header at byte 0 is malformed: a linkpath with a NUL byte".into()),
+        ([archive(&[("f", b'0', &b"x"[..], "")])[..1024].to_vec(),
+            pax(&[("linkpath", "f\0")]), archive(&[("h", b'1', &b""[..], "")])].concat(),
+            "invalid tar archive: the pax header at byte 1024 is malformed: a linkpath with a NUL byte".into()),
+        (member_with(&[("SCHILY.xattr.user.e2b.k\0y", "v")], "m"),
+            "member 'm' has invalid metadata: key 'k\\x00y' has byte 0x00 at offset 1, not printable ASCII".into()),
+        (member_with(&[("SCHILY.xattr.user.e2b.k", "v\0")], "m"),
+            "member 'm' has invalid metadata: the value of key 'k' has byte 0x00 at offset 1, not printable ASCII".into()),
     ];
     let before = snapshot(&dest);
     for (body, message) in &cases {

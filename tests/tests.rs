@@ -21,6 +21,8 @@ mod connect_compression;
 mod docs;
 // The filesystem service beside a hostile local user: swapped entries, trees of any depth.
 mod hardening_fs;
+// Directory archives beside a hostile local user: staged names swapped, wide directories.
+mod hardening_archive;
 // /init's system files under --system-root: caBundle, hyperloopIP, kills mid-write.
 mod init_system_files;
 // /init's volumeMounts and lifecycleID with fake mount helpers: what is mounted and when.

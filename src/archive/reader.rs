@@ -381,8 +381,12 @@ impl Reader {
             };
             let extended = &mut self.extended;
             match key {
-                b"path" => extended.path = Some(value.to_vec()),
-                b"linkpath" => extended.link = Some(value.to_vec()),
+                // A name with a NUL in it names no file: refused here, as the archive's fault,
+                // before anything downstream (a C string) could fail on it.
+                b"path" => extended.path = Some(name(value).ok_or(bad("a path with a NUL byte"))?),
+                b"linkpath" => {
+                    extended.link = Some(name(value).ok_or(bad("a linkpath with a NUL byte"))?)
+                }
                 b"size" => extended.size = Some(decimal(value)?),
                 b"uid" => extended.uid = Some(decimal(value)?),
                 b"gid" => extended.gid = Some(decimal(value)?),
@@ -396,6 +400,11 @@ impl Reader {
         }
         Ok(())
     }
+}
+
+/// A pax record's name value, unless it holds a NUL byte (which no file name can).
+fn name(value: &[u8]) -> Option<Vec<u8>> {
+    (!value.contains(&0)).then(|| value.to_vec())
 }
 
 /// A field up to its first NUL.

@@ -12,6 +12,7 @@
 
 use std::ffi::OsStr;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 
 use crate::sys::dir::Dir;
 
@@ -61,6 +62,11 @@ impl<T> Descent<T> {
         Some((dir, &mut level.state))
     }
 
+    /// Every level's state, from the top down.
+    pub fn states_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.levels.iter_mut().map(|level| &mut level.state)
+    }
+
     /// Enters `dir` (opened from the current directory), with its state.
     pub fn push(&mut self, dir: Dir, state: T) -> io::Result<()> {
         let id = dir.stat()?.id();
@@ -101,6 +107,109 @@ pub fn sorted_names(dir: &Dir) -> io::Result<Vec<std::ffi::OsString>> {
     let mut names = dir.names()?;
     names.sort_unstable_by(|a, b| b.cmp(a));
     Ok(names)
+}
+
+/// What a name costs in a batch of [`SortedNames`]: its bytes and its `OsString` (pointer,
+/// length, capacity, and the allocator's rounding).
+fn cost(name: &[u8]) -> usize {
+    name.len() + 32
+}
+
+/// A directory's names in byte order, held a bounded batch at a time: a walk's memory for a
+/// directory does not grow with its width (a user can make 100,000 names of 255 bytes with
+/// hard links, no inode each).
+///
+/// Each batch is the smallest names after the last one handed out, as many as `budget` bytes
+/// hold (at least one), found by one pass over the directory with a bounded max-heap. So a
+/// directory of `n` names costs about `n / batch + 1` passes of `n` entries; one that fits in
+/// a batch, one pass, as a full listing did. Names are handed out strictly increasing: a name
+/// made behind the walk's place meanwhile is not seen, one removed before it is reached is not
+/// handed out (as `readdir` promises of a directory changed while read, and never twice).
+#[derive(Default)]
+pub struct SortedNames {
+    /// The batch, the next name last.
+    batch: Vec<std::ffi::OsString>,
+    /// Its bytes, by [`cost`].
+    held: usize,
+    /// The last name handed out: the next pass starts after it.
+    after: Option<std::ffi::OsString>,
+    /// The batch holds every name left: no pass is needed when it is spent.
+    complete: bool,
+}
+
+impl SortedNames {
+    /// Before the first name: nothing read yet.
+    pub fn new() -> SortedNames {
+        SortedNames::default()
+    }
+
+    /// The next name of `dir` in byte order, `None` at the end; a batch of at most `budget`
+    /// bytes is read when the last one is spent.
+    pub fn next(&mut self, dir: &Dir, budget: usize) -> io::Result<Option<std::ffi::OsString>> {
+        if self.batch.is_empty() {
+            if self.complete {
+                return Ok(None);
+            }
+            self.read_batch(dir, budget)?;
+        }
+        let Some(name) = self.batch.pop() else {
+            return Ok(None);
+        };
+        self.held -= cost(name.as_encoded_bytes());
+        self.after = Some(name.clone());
+        Ok(Some(name))
+    }
+
+    /// The bytes its batch holds.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Lets the batch go, keeping the place: the names left are read again when needed.
+    pub fn release(&mut self) {
+        self.batch = Vec::new();
+        self.held = 0;
+        self.complete = false;
+    }
+
+    fn read_batch(&mut self, dir: &Dir, budget: usize) -> io::Result<()> {
+        use std::collections::BinaryHeap;
+        let after = self.after.as_ref().map(|name| name.as_encoded_bytes());
+        let mut heap: BinaryHeap<Vec<u8>> = BinaryHeap::new();
+        let mut held = 0;
+        let mut cut = false;
+        dir.each_name(|name| {
+            if after.is_some_and(|after| name <= after) {
+                return;
+            }
+            // Full: only a name before the largest held gets in.
+            if cut
+                && heap
+                    .peek()
+                    .is_some_and(|largest| name >= largest.as_slice())
+            {
+                return;
+            }
+            held += cost(name);
+            heap.push(name.to_vec());
+            while held > budget && heap.len() > 1 {
+                if let Some(largest) = heap.pop() {
+                    held -= cost(&largest);
+                    cut = true;
+                }
+            }
+        })?;
+        let mut batch: Vec<_> = heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(std::ffi::OsString::from_vec)
+            .collect();
+        batch.reverse();
+        self.batch = batch;
+        self.held = held;
+        self.complete = !cut;
+        Ok(())
+    }
 }
 
 /// Removes `name` in `parent`: a file or a symlink (never what it points to), or a directory
@@ -168,6 +277,7 @@ fn gone_is_fine(result: io::Result<()>) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
 
     /// Goes `levels` deep into a chain of directories named `d`, then all the way back up,
     /// counting the levels seen on the way up.
@@ -187,6 +297,65 @@ mod tests {
             seen += 1;
         }
         Ok(seen)
+    }
+
+    #[test]
+    fn sorted_names_come_in_byte_order_a_bounded_batch_at_a_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut want: Vec<Vec<u8>> = (0..500u32)
+            .map(|i| {
+                format!(
+                    "{:x}-{}",
+                    i.wrapping_mul(2_654_435_761),
+                    "n".repeat((i % 7) as usize)
+                )
+            })
+            .map(String::into_bytes)
+            .collect();
+        want.push(vec![b'x'; 255]);
+        for name in &want {
+            std::fs::write(tmp.path().join(OsStr::from_bytes(name)), b"").unwrap();
+        }
+        want.sort();
+        let dir = Dir::open(tmp.path()).unwrap();
+        // A budget of about ten names; one name larger than it still comes.
+        let budget = 10 * cost(b"0123456789-nnn");
+        let mut names = SortedNames::new();
+        let mut got = Vec::new();
+        let mut most = 0;
+        while let Some(name) = names.next(&dir, budget).unwrap() {
+            most = most.max(names.held());
+            got.push(name.into_vec());
+            // Let go of the batch now and then, as an ancestor of a deep walk does.
+            if got.len() % 97 == 0 {
+                names.release();
+                assert_eq!(names.held(), 0);
+            }
+        }
+        assert_eq!(got, want);
+        assert!(most <= budget, "{most} bytes held");
+        assert_eq!(names.next(&dir, budget).unwrap(), None);
+    }
+
+    #[test]
+    fn names_made_or_removed_during_a_walk_come_once_and_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["b", "d", "f", "h"] {
+            std::fs::write(tmp.path().join(name), b"").unwrap();
+        }
+        let dir = Dir::open(tmp.path()).unwrap();
+        let mut names = SortedNames::new();
+        let one = cost(b"b");
+        assert_eq!(names.next(&dir, one).unwrap().unwrap(), "b");
+        // Behind the place: not seen. Ahead: seen. Removed before it is read: not seen.
+        std::fs::write(tmp.path().join("a"), b"").unwrap();
+        std::fs::write(tmp.path().join("e"), b"").unwrap();
+        std::fs::remove_file(tmp.path().join("f")).unwrap();
+        let mut rest = Vec::new();
+        while let Some(name) = names.next(&dir, one).unwrap() {
+            rest.push(name.into_string().unwrap());
+        }
+        assert_eq!(rest, ["d", "e", "h"]);
     }
 
     #[test]

@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 use super::check;
 
 mod entries;
+mod held;
+
+pub use held::Held;
 
 /// What `stat(2)` says of an entry, the fields sandboxd uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +115,11 @@ fn owned(ret: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 const DIR_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_PATH | libc::O_CLOEXEC;
+
+/// The buffer [`Dir::each_name`] reads entries into: about 120 entries of 255-byte names.
+const DIRENT_BUFFER: usize = 32 * 1024;
+/// Where a `getdents64` record's name begins (`struct linux_dirent64`'s `d_name`).
+const DIRENT_NAME_AT: usize = 19;
 
 /// A directory opened to be read (its entries listed, or synced).
 const READ_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC;
@@ -291,14 +299,7 @@ impl Dir {
     /// and the access time too for [`Touch::Times`].
     fn set_times_at(&self, name: &OsStr, time: libc::timespec, what: Touch) -> io::Result<()> {
         let name = c_name(name)?;
-        let access = match what {
-            Touch::Times => time,
-            Touch::Modified => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-        };
-        let times = [access, time];
+        let times = both_times(time, what);
         // SAFETY: `name` is NUL-terminated and `times` an array of two timespecs, both alive
         // for the call, which only reads them.
         check(unsafe {
@@ -340,40 +341,49 @@ impl Dir {
     /// The names in this directory (not `.` or `..`), in the order the filesystem gives them.
     /// Reads through a description of its own, so this `Dir` can be read again.
     pub fn names(&self) -> io::Result<Vec<OsString>> {
-        let fd = self.openat(c".", READ_FLAGS, 0)?;
-        let raw = fd.as_raw_fd();
-        // SAFETY: `raw` is an open directory descriptor; on success the stream owns it, so it
-        // is released from `fd` (closed by `closedir` below), on failure `fd` still closes it.
-        let stream = unsafe { libc::fdopendir(raw) };
-        if stream.is_null() {
-            return Err(io::Error::last_os_error());
-        }
-        std::mem::forget(fd);
         let mut names = Vec::new();
-        let result = loop {
-            // SAFETY: errno is thread-local; cleared so that a NULL from readdir can be told
-            // apart: the end (errno 0) from an error.
-            unsafe { *libc::__errno_location() = 0 };
-            // SAFETY: `stream` is a live DIR* only this thread uses.
-            let entry = unsafe { libc::readdir(stream) };
-            if entry.is_null() {
-                let err = io::Error::last_os_error();
-                break if err.raw_os_error() == Some(0) {
-                    Ok(())
-                } else {
-                    Err(err)
-                };
+        self.each_name(|name| names.push(OsString::from_vec(name.to_vec())))?;
+        Ok(names)
+    }
+
+    /// Calls `each` with every name in this directory (not `.` or `..`), in the order the
+    /// filesystem gives them, holding none: `getdents64` into one buffer of
+    /// [`DIRENT_BUFFER`] bytes (musl's `readdir` reads 2 KiB a call: eight entries of long
+    /// names). Reads through a description of its own, from the start each time.
+    pub fn each_name(&self, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+        let fd = self.openat(c".", READ_FLAGS, 0)?;
+        let mut buf = vec![0u8; DIRENT_BUFFER];
+        loop {
+            // SAFETY: `fd` is an open directory descriptor; `buf` is a live, writable buffer of
+            // `buf.len()` bytes, of which the kernel writes at most that many.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    fd.as_raw_fd(),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+            let filled = usize::try_from(ret).map_err(|_| io::Error::last_os_error())?;
+            if filled == 0 {
+                return Ok(());
             }
-            // SAFETY: a non-NULL entry points to a dirent valid until the next readdir on this
-            // stream, whose d_name is NUL-terminated; it is copied out at once.
-            let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
-            if name != b"." && name != b".." {
-                names.push(OsString::from_vec(name.to_vec()));
+            let mut records = &buf[..filled.min(buf.len())];
+            // Each record: inode (8 bytes), offset (8), its length (2), type (1), the name and
+            // its NUL, padding.
+            while records.len() >= DIRENT_NAME_AT {
+                let len = usize::from(u16::from_ne_bytes([records[16], records[17]]));
+                if len < DIRENT_NAME_AT || len > records.len() {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                let name = &records[DIRENT_NAME_AT..len];
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                if name != b"." && name != b".." {
+                    each(name);
+                }
+                records = &records[len..];
             }
-        };
-        // SAFETY: `stream` came from fdopendir and is closed once, closing its descriptor.
-        unsafe { libc::closedir(stream) };
-        result.map(|()| names)
+        }
     }
 
     /// This directory itself through `/proc/self/fd` (its extended attributes: an `O_PATH`
@@ -403,6 +413,28 @@ impl AsFd for Dir {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// The access and modification times `utimensat` takes: the modification time `time`, and the
+/// access time too for [`Touch::Times`] (else left as it is).
+fn both_times(time: libc::timespec, what: Touch) -> [libc::timespec; 2] {
+    let access = match what {
+        Touch::Times => time,
+        Touch::Modified => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    };
+    [access, time]
+}
+
+/// [`both_times`] for a time in seconds and nanoseconds.
+fn times((secs, nsec): (i64, u32), what: Touch) -> [libc::timespec; 2] {
+    let time = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: i64::from(nsec),
+    };
+    both_times(time, what)
 }
 
 fn proc_fd(fd: RawFd) -> PathBuf {

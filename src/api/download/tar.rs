@@ -9,8 +9,10 @@
 //!
 //! The walk is `fs::walk`'s [`Descent`]: no recursion, directories opened by descriptor
 //! without following a symlink, each entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` and
-//! opened `O_NOFOLLOW`, so a link swapped in is never followed out of the tree. Names are
-//! sorted, so the same tree gives the same archive. Members: directories (the top one is not a
+//! opened `O_NOFOLLOW`, so a link swapped in is never followed out of the tree. Names come in
+//! byte order, so the same tree gives the same archive, a bounded batch at a time
+//! (`walk::SortedNames`: at most [`LEVEL_NAMES`] bytes a directory, [`ARCHIVE_NAMES`] an
+//! archive), so a parked archive of a directory of any width holds little. Members: directories (the top one is not a
 //! member: it is the destination's), regular files, symlinks as links; FIFOs, sockets and
 //! devices are skipped, and so is an entry that vanishes or changes kind between its `stat` and
 //! its opening. Hard links are sent as separate files. A member's header says its mode, owner
@@ -28,7 +30,7 @@
 //! piece. A body made of byte runs and `sendfile` ranges would need a new kind of response
 //! body in the HTTP layer; docs/performance.md measures what the copy costs.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -43,13 +45,21 @@ use crate::archive::{padding, Kind, BLOCK};
 use crate::fs::as_user::Identity;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
-use crate::fs::walk::{sorted_names, Descent};
+use crate::fs::walk::{Descent, SortedNames};
 use crate::http::stream::{self, SendError, StreamSender, StreamSource};
 use crate::sys::dir::{Dir, Stat};
 
 /// Entries looked at in one piece at most: a directory of skipped entries (sockets, vanished
 /// names) does not hold a thread for long.
 const LOOKUPS_PER_PIECE: usize = 4096;
+
+/// The bytes of names one directory of the walk reads at a time ([`SortedNames`]): about 1,900
+/// names of 240 bytes, or 12,000 of 10 (a directory that fits is read once, as a listing was).
+const LEVEL_NAMES: usize = 512 * 1024;
+/// The bytes of names the whole walk holds at most: entering a directory lets go of the
+/// batches of the levels farthest up until the new one fits (they are read again, from where
+/// they were, when the walk comes back to them). With 32 archives at once, 24 MiB in all.
+const ARCHIVE_NAMES: usize = LEVEL_NAMES + LEVEL_NAMES / 2;
 
 /// Starts the archive of the tree under `top` (named `shown` in the log) and returns the
 /// answer's body.
@@ -72,10 +82,10 @@ pub fn start(
     source
 }
 
-/// One directory of the walk: its names still to visit (sorted, the last first) and how long
-/// the archive path was before its name was added.
+/// One directory of the walk: its names still to visit (in byte order, a batch at a time) and
+/// how long the archive path was before its name was added.
 struct Level {
-    names: Vec<OsString>,
+    names: SortedNames,
     path_len: usize,
 }
 
@@ -117,17 +127,13 @@ impl TarJob {
         owners: Arc<Owners>,
         sender: StreamSender,
     ) -> io::Result<TarJob> {
-        let names = {
-            let _as_user = identity
-                .as_ref()
-                .map(Identity::enter)
-                .transpose()
-                .map_err(|e| io::Error::other(format!("acting as the user: {e}")))?;
-            sorted_names(&top)?
+        let top_level = Level {
+            names: SortedNames::new(),
+            path_len: 0,
         };
         Ok(TarJob {
             sender: Some(sender),
-            descent: Descent::new(top, Level { names, path_len: 0 })?,
+            descent: Descent::new(top, top_level)?,
             path: Vec::new(),
             pending: Vec::new(),
             body: None,
@@ -213,7 +219,8 @@ impl TarJob {
         let Some((dir, level)) = self.descent.current() else {
             return Ok(false);
         };
-        let Some(name) = level.names.pop() else {
+        let next = level.names.next(dir, LEVEL_NAMES);
+        let Some(name) = next.map_err(|e| entry_error(e, &self.path, OsStr::new("")))? else {
             let level = self.descent.pop()?;
             self.path.truncate(level.path_len);
             return Ok(self.descent.current().is_some());
@@ -235,8 +242,9 @@ impl TarJob {
                 };
                 let stat = sub.stat()?;
                 let xattrs = attributes(&sub.own_proc_path());
-                let names = sorted_names(&sub).map_err(|e| entry_error(e, &self.path, &name))?;
                 self.header(&path, Kind::Dir, &stat, 0, b"", &xattrs);
+                self.make_room();
+                let names = SortedNames::new();
                 self.descent.push(sub, Level { names, path_len })?;
                 self.path = path;
                 self.path.push(b'/');
@@ -279,6 +287,19 @@ impl TarJob {
             _ => {}
         }
         Ok(true)
+    }
+
+    /// Lets go of the name batches of the levels farthest up until a new level's fits in
+    /// [`ARCHIVE_NAMES`].
+    fn make_room(&mut self) {
+        let mut held: usize = self.descent.states_mut().map(|l| l.names.held()).sum();
+        for level in self.descent.states_mut() {
+            if held + LEVEL_NAMES <= ARCHIVE_NAMES {
+                break;
+            }
+            held -= level.names.held();
+            level.names.release();
+        }
     }
 
     fn header(

@@ -248,6 +248,9 @@ fn malformed_pax_records_are_errors() {
         (b"6 ab\n\n", "a record without '='"),
         (b"11 size=1x\n", "a number that is not decimal"),
         (b"14 mtime=1.x2\n", "a bad mtime"),
+        (b"12 path=a\0b\n", "a path with a NUL byte"),
+        (b"13 path=\0abc\n", "a path with a NUL byte"),
+        (b"16 linkpath=t\0t\n", "a linkpath with a NUL byte"),
     ] {
         let mut archive = Vec::new();
         archive.extend_from_slice(&raw_header(|b| {

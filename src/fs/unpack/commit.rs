@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{os, system_time, Placement, Unpack};
+use super::{held, os, system_time, Placement, Unpack};
 use crate::fs::dirs::DIR_MODE;
 use crate::fs::error::FsError;
 use crate::fs::walk;
@@ -79,7 +79,7 @@ impl Unpack {
                 temp,
                 name,
                 mtime,
-                is_file,
+                file,
             } => {
                 let dir = self.dir_at(parent)?;
                 let path = self.placed_path(parent, name);
@@ -98,11 +98,14 @@ impl Unpack {
                         dir.rename(temp, &dir, name).map_err(fail)?;
                     }
                 }
-                if *is_file {
+                if let Some(id) = file {
                     // What a watcher sees of an upload (`fs::atomic`): an attribute change, then
-                    // a modification; the times set are the archive's.
-                    let _ = dir.set_mtime_at(name, *mtime, Touch::Times);
-                    let _ = dir.set_mtime_at(name, *mtime, Touch::Modified);
+                    // a modification; the times set are the archive's. Through a descriptor
+                    // checked to hold the file made: the name is in the user's reach.
+                    if let Some(placed) = held::made_file(&dir, name, *id) {
+                        let _ = placed.set_mtime(*mtime, Touch::Times);
+                        let _ = placed.set_mtime(*mtime, Touch::Modified);
+                    }
                 }
                 Ok(parent.clone())
             }

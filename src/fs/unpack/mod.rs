@@ -15,7 +15,8 @@
 //!
 //! **What is never followed.** Every step acts by descriptor: directories opened without
 //! following a symlink, files created with `O_EXCL | O_NOFOLLOW`, symlinks made by `symlinkat`
-//! and changed with `AT_SYMLINK_NOFOLLOW`. A member whose path passes through a symlink (one of
+//! and changed only through a descriptor checked to hold the link made (`held`: its staged name
+//! may be in the user's reach). A member whose path passes through a symlink (one of
 //! the archive, or one already on disk) is refused, as is one that would turn an existing
 //! directory into a file. Existing directories keep their mode, owner and metadata (GNU tar's
 //! `--no-overwrite-dir`) but take the archive's times once everything is in them, so that
@@ -32,10 +33,10 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, FileTimes};
-use std::io::{self, Write};
+
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -47,8 +48,12 @@ use crate::fs::user_metadata::UserMetadata;
 use crate::sys::dir::{Dir, Touch};
 
 mod commit;
+mod held;
 pub mod names;
 mod tree;
+mod writing;
+
+use writing::Writing;
 
 use commit::make_private_dir;
 
@@ -97,11 +102,22 @@ enum Node {
     Made(Made),
 }
 
+/// A regular file by device and inode: what the commit checks a name still holds before it
+/// touches it.
+type FileId = (u64, u64);
+
 /// A file or symlink made: where it is until placed.
 struct Made {
     parent: Vec<u8>,
     on_disk: OsString,
-    is_file: bool,
+    /// A regular file's identity; `None` for a symlink.
+    file: Option<FileId>,
+}
+
+impl Made {
+    fn is_file(&self) -> bool {
+        self.file.is_some()
+    }
 }
 
 /// What the commit renames, in the archive's order.
@@ -118,19 +134,9 @@ enum Placement {
         temp: OsString,
         name: OsString,
         mtime: (i64, u32),
-        is_file: bool,
+        /// A regular file's identity; `None` for a symlink.
+        file: Option<FileId>,
     },
-}
-
-/// The file whose data is arriving.
-struct Writing {
-    file: File,
-    /// Its permission bits, and whether it was made with them already.
-    mode: u32,
-    mode_set: bool,
-    mtime: (i64, u32),
-    /// Its path, in [`Unpack::written`].
-    written: usize,
 }
 
 /// An archive being unpacked into one directory.
@@ -309,7 +315,7 @@ impl Unpack {
         let rel = join(&parts);
         if let What::Dir = member.what {
             if let Some(made) = self.made(&rel) {
-                return Err(self.not_a_dir(&shown, &rel, made.is_file));
+                return Err(self.not_a_dir(&shown, &rel, made.is_file()));
             }
             self.ensure_dir(&parts, &shown)?;
             if let Some(node) = self.dir_mut(&rel) {
@@ -351,7 +357,7 @@ impl Unpack {
             }
             temp::next_name(name)
         };
-        let is_file = match member.what {
+        let file_id = match member.what {
             What::File => {
                 // Under a temporary name in an existing directory it is the daemon's alone
                 // (0600) until the commit; in a new tree nobody can reach it, so it is made
@@ -363,20 +369,24 @@ impl Unpack {
                     parent_new && (member.metadata.is_empty() || member.mode & 0o200 != 0);
                 let mode = if at_once { member.mode & 0o777 } else { 0o600 };
                 let file = dir.create_file(&on_disk, mode).map_err(fail)?;
+                let made = file.metadata();
                 // Recorded at once, so that a failure from here on removes it.
+                let id = made
+                    .as_ref()
+                    .map_or((0, 0), |made| (made.dev(), made.ino()));
                 self.record(
                     &rel,
                     &parent_rel,
                     &on_disk,
                     last,
                     member.mtime,
-                    true,
+                    Some(id),
                     parent_new,
                 );
                 // The owner and mode it got (the umask, a default ACL or a set-group-ID
                 // directory have their say): changed only where they are not the member's, as
                 // a change costs a journalled inode update and a look costs none.
-                let made = file.metadata().map_err(fail)?;
+                let made = made.map_err(fail)?;
                 if (made.uid(), made.gid()) != (self.uid, self.gid) {
                     std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid))
                         .map_err(fail)?;
@@ -410,13 +420,16 @@ impl Unpack {
                     &on_disk,
                     last,
                     member.mtime,
-                    false,
+                    None,
                     parent_new,
                 );
-                dir.chown_at(&on_disk, self.uid, self.gid).map_err(fail)?;
-                dir.set_mtime_at(&on_disk, member.mtime, Touch::Times)
-                    .map_err(fail)?;
-                false
+                // Changed through a descriptor checked to hold the link just made: in an
+                // existing directory its name is in the user's reach, and a hard link to
+                // another file swapped in for it must not be given to the user.
+                let link = held::made_link(&dir, &on_disk, target).map_err(fail)?;
+                link.chown(self.uid, self.gid).map_err(fail)?;
+                link.set_mtime(member.mtime, Touch::Times).map_err(fail)?;
+                None
             }
             What::HardLink(target) => {
                 let shown_target = names::shown(target);
@@ -431,14 +444,15 @@ impl Unpack {
                 let target_rel = join(&target_parts);
                 let made = self
                     .made(&target_rel)
-                    .filter(|made| made.is_file)
+                    .filter(|made| made.is_file())
                     .ok_or_else(not_earlier)?;
-                let (from_parent, from_name) = (made.parent.clone(), made.on_disk.clone());
+                let (from_parent, from_name, id) =
+                    (made.parent.clone(), made.on_disk.clone(), made.file);
                 self.finish_file()?;
                 let from = self.dir_at(&from_parent)?;
                 from.link(&from_name, &dir, &on_disk).map_err(fail)?;
                 self.written.push(path);
-                true
+                id
             }
         };
         self.record(
@@ -447,41 +461,9 @@ impl Unpack {
             &on_disk,
             last,
             member.mtime,
-            is_file,
+            file_id,
             parent_new,
         );
-        Ok(())
-    }
-
-    /// Bytes of the current file's data.
-    pub fn data(&mut self, bytes: &[u8]) -> Result<(), FsError> {
-        let Some(writing) = &mut self.writing else {
-            return Ok(());
-        };
-        writing.file.write_all(bytes).map_err(|e| {
-            let path = &self.written[writing.written];
-            FsError::io(e, format!("writing '{}'", path.display()))
-        })
-    }
-
-    /// The current file's data is complete: its mode and times are set, and it is closed.
-    pub fn finish_file(&mut self) -> Result<(), FsError> {
-        let Some(writing) = self.writing.take() else {
-            return Ok(());
-        };
-        let path = &self.written[writing.written];
-        let fail = |e: io::Error| FsError::io(e, format!("writing '{}'", path.display()));
-        if !writing.mode_set {
-            writing
-                .file
-                .set_permissions(std::fs::Permissions::from_mode(writing.mode))
-                .map_err(fail)?;
-        }
-        let time = system_time(writing.mtime);
-        writing
-            .file
-            .set_times(FileTimes::new().set_accessed(time).set_modified(time))
-            .map_err(fail)?;
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::commit::make_private_dir;
-use super::{join, names, os, refuse, DirNode, Made, Node, Placement, Unpack};
+use super::{join, names, os, refuse, DirNode, FileId, Made, Node, Placement, Unpack};
 use crate::fs::error::FsError;
 use crate::fs::temp;
 use crate::sys::dir::Dir;
@@ -58,7 +58,7 @@ impl Unpack {
                 continue;
             }
             if let Some(made) = self.made(&rel) {
-                return Err(self.not_a_dir(shown, &rel, made.is_file));
+                return Err(self.not_a_dir(shown, &rel, made.is_file()));
             }
             let parent_rel = join(&parts[..i]);
             let parent_new = self.dir(&parent_rel).is_some_and(|n| n.new);
@@ -145,7 +145,7 @@ impl Unpack {
         on_disk: &OsStr,
         name: &[u8],
         mtime: (i64, u32),
-        is_file: bool,
+        file: Option<FileId>,
         parent_new: bool,
     ) {
         if self.nodes.contains_key(rel) {
@@ -154,7 +154,7 @@ impl Unpack {
         let made = Made {
             parent: parent.to_vec(),
             on_disk: on_disk.to_os_string(),
-            is_file,
+            file,
         };
         self.nodes.insert(rel.to_vec(), Node::Made(made));
         if !parent_new {
@@ -163,7 +163,7 @@ impl Unpack {
                 temp: on_disk.to_os_string(),
                 name: os(name).to_os_string(),
                 mtime,
-                is_file,
+                file,
             });
         }
     }

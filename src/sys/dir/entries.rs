@@ -1,13 +1,14 @@
 //! Entries changed by name in a held directory, beyond creating and removing them: symbolic
-//! links made and read, owners and times set without following a link, a rename that never
-//! replaces, and the whole filesystem synced (what unpacking an archive needs, `fs::unpack`).
+//! links made and read, a rename that never replaces, and the whole filesystem synced (what
+//! unpacking an archive needs, `fs::unpack`). A link's owner and times are set through a
+//! descriptor of its own (`held`), never by its name.
 //! The same rules as the parent module's: one-component names, never a final symlink followed.
 
 use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::AsRawFd;
 
-use super::{c_name, check, Dir, Touch, READ_FLAGS};
+use super::{c_name, check, Dir, READ_FLAGS};
 
 impl Dir {
     /// The target of the symlink `name` here (`readlinkat`), as bytes; `EINVAL` if it is
@@ -48,33 +49,6 @@ impl Dir {
         // SAFETY: both strings are NUL-terminated and alive for the call; `self.fd` is open.
         check(unsafe { libc::symlinkat(target.as_ptr(), self.fd.as_raw_fd(), name.as_ptr()) })?;
         Ok(())
-    }
-
-    /// Sets the owner of `name` here without following a symlink there (a link itself).
-    pub fn chown_at(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
-        let name = c_name(name)?;
-        // SAFETY: `name` is NUL-terminated and alive for the call; `self.fd` is open.
-        check(unsafe {
-            libc::fchownat(
-                self.fd.as_raw_fd(),
-                name.as_ptr(),
-                uid,
-                gid,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })?;
-        Ok(())
-    }
-
-    /// Sets times of `name` here to `mtime` (seconds, nanoseconds), not following a symlink
-    /// there: the access and modification times ([`Touch::Times`], an attribute change to
-    /// inotify), or the modification time alone ([`Touch::Modified`], a modification).
-    pub fn set_mtime_at(&self, name: &OsStr, mtime: (i64, u32), what: Touch) -> io::Result<()> {
-        let time = libc::timespec {
-            tv_sec: mtime.0,
-            tv_nsec: i64::from(mtime.1),
-        };
-        self.set_times_at(name, time, what)
     }
 
     /// Renames `name` here to `to_name` in `to` only if `to_name` is free (`EEXIST` if not):
