@@ -32,7 +32,7 @@ pub fn begin(app: &Arc<App>, _head: &Head) -> Result<Action, ApiError> {
     Ok(collect_json(app, post))
 }
 
-fn post(app: &App, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
+fn post(app: &Arc<App>, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
     let body: ComposeBody = parse_json(body)?;
     let sources = body.source_paths.unwrap_or_default();
     if sources.is_empty() {
