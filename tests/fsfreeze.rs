@@ -194,39 +194,10 @@ impl Drop for FrozenBehind<'_> {
     }
 }
 
-/// Sends a request on a connection of its own; the answer is read later with [`answer`].
-fn send(
-    daemon: &Daemon,
-    method: &str,
-    target: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> TcpStream {
-    let mut stream = daemon.connect();
-    let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    stream
-}
-
+/// The answer to a request sent with `Daemon::send`, waited for at most `WAIT`.
 fn answer(stream: TcpStream) -> Reply {
     stream.set_read_timeout(Some(WAIT)).unwrap();
     read_reply(&mut BufReader::new(stream), false).expect("an answer in time")
-}
-
-/// Whether anything (an answer, or the end) has arrived on `stream`, without waiting.
-fn answered_yet(stream: &TcpStream) -> bool {
-    stream.set_nonblocking(true).unwrap();
-    let peeked = stream.peek(&mut [0u8; 1]);
-    stream.set_nonblocking(false).unwrap();
-    !matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// Whether a thread of `pid` sleeps uninterruptibly (state D: in the kernel, on the frozen
@@ -252,8 +223,7 @@ fn while_a_freeze_waits_for_a_write_later_writers_are_refused_at_once_and_hold_n
     // frozen behind its back.
     let behind = FrozenBehind::freeze(&image.mount);
     let mkdir = json!({"path": image.mount.join("slow").to_str().unwrap()});
-    let slow = send(
-        &daemon,
+    let slow = daemon.send(
         "POST",
         "/filesystem.Filesystem/MakeDir",
         &[
@@ -272,25 +242,13 @@ fn while_a_freeze_waits_for_a_write_later_writers_are_refused_at_once_and_hold_n
     }
     // /fsfreeze waits for it. An upload that fails its checks once past the gate (an unknown
     // format) shows when the gate has closed: 400 before, 503 after.
-    let freeze = send(
-        &daemon,
-        "POST",
-        "/fsfreeze",
-        &[("X-Access-Token", TOKEN)],
-        b"",
-    );
+    let freeze = daemon.send("POST", "/fsfreeze", &[("X-Access-Token", TOKEN)], b"");
     let probe = format!(
         "/files?path={}&format=bogus",
         enc(image.mount.join("p").to_str().unwrap())
     );
     loop {
-        let reply = answer(send(
-            &daemon,
-            "POST",
-            &probe,
-            &[("X-Access-Token", TOKEN)],
-            b"x",
-        ));
+        let reply = answer(daemon.send("POST", &probe, &[("X-Access-Token", TOKEN)], b"x"));
         if reply.status == 503 {
             reply.assert_error(503, FREEZING);
             break;
@@ -336,7 +294,7 @@ fn while_a_freeze_waits_for_a_write_later_writers_are_refused_at_once_and_hold_n
             for token in [None, Some(TOKEN)] {
                 let mut headers = vec![content_type];
                 headers.extend(token.map(|t| ("X-Access-Token", t)));
-                let stream = send(&daemon, method, target, &headers, body);
+                let stream = daemon.send(method, target, &headers, body);
                 sent.push((method, target, token, stream));
             }
         }

@@ -2,12 +2,12 @@
 //! the `/init`s that wait together share one read (SPEC §9, step 2). The service is the fake
 //! MMDS of `mmds` on 127.0.0.1, made to accept connections and never answer.
 
-use std::io::{BufReader, ErrorKind, Write};
+use std::io::BufReader;
 use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::common::connect::WAIT;
-use crate::common::{builder, read_reply, Daemon, TOKEN};
+use crate::common::{answered_yet, builder, read_reply, Daemon, TOKEN};
 use crate::mmds::{metadata, sha512_hex, wait_for_id, FakeMmds};
 use crate::routes::UNAUTHORIZED;
 
@@ -16,26 +16,7 @@ const WORKERS: usize = 4;
 
 /// Sends an `/init` without a token on a connection of its own; the answer is read later.
 fn send_init(daemon: &Daemon, body: &str) -> TcpStream {
-    let mut stream = daemon.connect();
-    write!(
-        stream,
-        "POST /init HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    stream
-}
-
-/// Whether anything (an answer, or the end) has arrived on `stream`, without waiting.
-fn answered_yet(stream: &TcpStream) -> bool {
-    stream.set_nonblocking(true).unwrap();
-    let peeked = stream.peek(&mut [0u8; 1]);
-    stream.set_nonblocking(false).unwrap();
-    match peeked {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::WouldBlock => false,
-        Err(e) => panic!("peek: {e}"),
-    }
+    daemon.send("POST", "/init", &[], body.as_bytes())
 }
 
 #[test]
