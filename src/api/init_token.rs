@@ -84,7 +84,7 @@ pub fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Authorisati
     let pending = Pending {
         mmds: match &app.mmds {
             Some(mmds) => Arc::clone(mmds),
-            None => return Authorisation::Decided(decide(Err(()), new_token, header)),
+            None => return Authorisation::Decided(decide(None, new_token, header)),
         },
         new_token: new_token.map(str::to_owned),
         header,
@@ -131,7 +131,7 @@ where
         } = *self;
         // A read that failed is "no hash" (the thread logged it once for all its callers).
         let decision = decide(
-            hash.map_err(drop),
+            hash.ok().as_deref(),
             pending.new_token.as_deref(),
             pending.header,
         );
@@ -139,17 +139,14 @@ where
     }
 }
 
-/// envd's decision once the metadata service's hash is known (`Err`: none could be read),
+/// envd's decision once the metadata service's hash is known (`None`: none could be read),
 /// with `header` the `X-Access-Token` verdict when a token is set.
 fn decide(
-    hash: Result<String, ()>,
+    hash: Option<&str>,
     new_token: Option<&str>,
     header: Option<Result<(), AuthError>>,
 ) -> Result<TokenChange, AuthError> {
-    let (matches, hash_held) = match hash {
-        Ok(hash) => check_hash(&hash, new_token),
-        Err(()) => (false, false),
-    };
+    let (matches, hash_held) = hash.map_or((false, false), |hash| check_hash(hash, new_token));
     match (matches, header) {
         (true, _) if new_token.is_none() => Ok(TokenChange::Clear),
         (true, _) => Ok(TokenChange::SetOrKeep),
@@ -251,6 +248,43 @@ mod tests {
         assert_eq!(
             check_hash(&new.to_uppercase(), Some("new-token")),
             (false, true)
+        );
+    }
+
+    #[test]
+    fn decide_is_envd_s_rule_with_the_header_as_a_way_in() {
+        let new = sha512_hex("new-token");
+        let set = |verdict: Result<(), AuthError>| Some(verdict);
+        // The hash of the new token, or of the empty one without a token: in (the second clears).
+        assert_eq!(
+            decide(Some(&new), Some("new-token"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(EMPTY), None, set(Err(AuthError::MissingToken))),
+            Ok(TokenChange::Clear)
+        );
+        // No token set: first set-up unless a hash is held that this one does not match.
+        assert_eq!(
+            decide(None, Some("other"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(""), Some("other"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(&new), Some("other"), None),
+            Err(AuthError::WrongToken)
+        );
+        // A token set: the header decides what the hash does not, and never clears.
+        assert_eq!(
+            decide(None, None, set(Err(AuthError::MissingToken))),
+            Err(AuthError::MissingToken)
+        );
+        assert_eq!(
+            decide(Some(&new), None, set(Ok(()))),
+            Ok(TokenChange::SetOrKeep)
         );
     }
 
