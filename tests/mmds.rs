@@ -23,7 +23,7 @@ const MMDS_TOKEN: &str = "mmds-session-token-1";
 pub(crate) struct State {
     pub(crate) metadata: serde_json::Value,
     /// Accept connections but never answer.
-    stall: bool,
+    pub(crate) stall: bool,
     /// Answer each request this late.
     late: Duration,
     /// Answer the metadata with this text instead of the JSON.
@@ -31,6 +31,8 @@ pub(crate) struct State {
     /// Requests that broke MMDS v2's protocol, described.
     violations: Vec<String>,
     metadata_reads: usize,
+    /// Connections accepted.
+    connections: usize,
 }
 
 /// A fake MMDS v2 on 127.0.0.1:0, one thread per connection.
@@ -69,6 +71,10 @@ impl FakeMmds {
         self.state.lock().unwrap().metadata_reads
     }
 
+    pub(crate) fn connections(&self) -> usize {
+        self.state.lock().unwrap().connections
+    }
+
     /// A daemon using this service, its system root a temp dir of the test's.
     pub(crate) fn daemon(&self, builder: Builder, root: &Path) -> Daemon {
         builder
@@ -82,6 +88,7 @@ impl FakeMmds {
 
 /// One connection: checks the request against MMDS v2 and answers it, or stalls.
 fn serve(mut stream: TcpStream, state: &Mutex<State>) {
+    state.lock().unwrap().connections += 1;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -144,14 +151,14 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) {
     );
 }
 
-fn sha512_hex(text: &str) -> String {
+pub(crate) fn sha512_hex(text: &str) -> String {
     Sha512::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
 }
 
-fn metadata(hash: &str) -> serde_json::Value {
+pub(crate) fn metadata(hash: &str) -> serde_json::Value {
     json!({"instanceID": "isb-1", "envID": "tpl-1", "address": "", "accessTokenHash": hash})
 }
 
@@ -160,7 +167,7 @@ fn envs(daemon: &Daemon, token: &str) -> Reply {
 }
 
 /// `/envs` (with `token`) once it holds `E2B_SANDBOX_ID` = `id`; panics after 10 s.
-fn wait_for_id(daemon: &Daemon, token: &str, id: &str) -> serde_json::Value {
+pub(crate) fn wait_for_id(daemon: &Daemon, token: &str, id: &str) -> serde_json::Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let env = envs(daemon, token).json();

@@ -40,7 +40,7 @@ fn wrong_method_is_405_with_allow() {
     assert_eq!(reply.header("allow"), Some("POST"));
 }
 
-const UNAUTHORIZED: &str =
+pub(crate) const UNAUTHORIZED: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
 
 #[test]

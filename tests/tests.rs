@@ -68,6 +68,8 @@ mod http_layer;
 mod metrics;
 // The metadata service (MMDS v2, a fake on 127.0.0.1): identity, /init's token rules, stalls.
 mod mmds;
+// Issue 34: /init's reads of the metadata service's token hash hold no worker and are shared.
+mod init_hash;
 // A peer's pace never holds a worker: slow readers, trickled bodies, partial heads.
 mod peers;
 // The process: flags, exit codes, signals and drain, readiness, logs, subcommands.

@@ -1,7 +1,8 @@
 //! `POST /files/compose` (SPEC §5): concatenate source files into a destination, then delete them.
 //!
-//! This module owns the request: the token, the JSON body, and validation steps 1 to 4 in SPEC's
-//! order (body, sources, destination, user). Steps 5 and 6 and the write are `fs::compose`'s.
+//! This module owns the request: the JSON body (the router checks the token, before the
+//! filesystem-freeze gate), and validation steps 1 to 4 in SPEC's order (body, sources,
+//! destination, user). Steps 5 and 6 and the write are `fs::compose`'s.
 //! Nothing on disk changes before every step has passed.
 
 use serde::Deserialize;
@@ -25,13 +26,13 @@ pub(crate) struct ComposeBody {
     username: Option<String>,
 }
 
-/// Checks the token from the head alone, then has the body collected.
-pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
-    app.require_token(head)?;
+/// Has the body collected; the router has checked the token (before the filesystem-freeze
+/// gate).
+pub fn begin(app: &Arc<App>, _head: &Head) -> Result<Action, ApiError> {
     Ok(collect_json(app, post))
 }
 
-fn post(app: &App, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
+fn post(app: &Arc<App>, _head: &Head, body: &[u8]) -> Result<Response, ApiError> {
     let body: ComposeBody = parse_json(body)?;
     let sources = body.source_paths.unwrap_or_default();
     if sources.is_empty() {

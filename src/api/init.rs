@@ -1,9 +1,9 @@
 //! `POST /init` (envd-compatible, SPEC §9): set the token, variables, default user and workdir,
 //! and have the system files written (`platform::init_files`).
 //!
-//! [`begin`] looks at the head, [`post`] parses the collected body; [`apply`] decides from the parsed [`InitBody`] and the head, so
-//! how the body's bytes reach a handler can change without touching the rules. Their order is
-//! envd's:
+//! [`begin`] looks at the head, [`post`] parses the collected body and authorises it, [`apply`]
+//! does what an authorised one asks, so how the body's bytes reach a handler can change
+//! without touching the rules. Their order is envd's:
 //!
 //! 1. the body is parsed, `timestamp` included: malformed is 400;
 //! 2. the caller is authorised, else 401 (below); the processes' cgroups are thawed, a
@@ -25,8 +25,11 @@
 //!
 //! **Authorisation** is envd's `validateInitAccessToken` with the metadata service's token hash,
 //! plus the current token in `X-Access-Token` and `--init-token-hash-file`: all in
-//! [`init_token`](super::init_token), which also says when an `/init` clears the token. Every
-//! authorised `/init` asks the metadata service's poller for the identity again (`crate::mmds`).
+//! [`init_token`](super::init_token), which also says when an `/init` clears the token. When
+//! the metadata service's hash decides, the answer is deferred: the connection waits holding
+//! no worker, and the hash thread (`mmds::hash`) reads the hash, once for every `/init` waiting
+//! for it, and runs the rest of each `/init` (steps 2 to 8). Every authorised `/init` asks the
+//! metadata service's poller for the identity again (`crate::mmds`).
 //!
 //! **System files.** `caBundle` and `hyperloopIP` are validated with the other fields (step 4)
 //! and written under `--system-root` before the in-memory fields are applied; how, and what a
@@ -39,16 +42,17 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
-use std::sync::Arc;
-
-use super::{collect_json, init_token, parse_json};
+use super::init_token::{self, Authorisation, TokenChange};
+use super::{collect_json, parse_json};
 use crate::app::App;
+use crate::auth::AuthError;
 use crate::error::ApiError;
 use crate::fs::users;
-use crate::http::{Action, Head, Response};
+use crate::http::{deferred, Action, Head, Response};
 use crate::log;
 use crate::platform::cgroups::audit::Audit;
 use crate::platform::{clock, init_files, volumes};
@@ -129,9 +133,8 @@ pub struct InitBody {
     lifecycle_id: Option<String>,
 }
 
-/// Refuses from the head alone what no body could authorise (a wrong `X-Access-Token` when the
-/// host authorises no rotation); otherwise the body (at most 1 MiB) is collected in the event
-/// loop, without a worker, since it may carry the credential.
+/// The body (at most 1 MiB) is collected in the event loop, without a worker, since it may
+/// carry the credential; then [`post`].
 pub fn begin(app: &Arc<App>, _head: &Head) -> Result<Action, ApiError> {
     // Always the body first: a caller whose header is wrong may still present the current
     // token as the body's `accessToken` (envd reads only the body's), so who may /init is
@@ -139,18 +142,50 @@ pub fn begin(app: &Arc<App>, _head: &Head) -> Result<Action, ApiError> {
     Ok(collect_json(app, post))
 }
 
-fn post(app: &App, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
-    let result = if body.is_empty() {
+/// Parses and authorises; when the metadata service's hash decides, the answer is deferred:
+/// the connection waits holding no worker while the hash thread reads it (`mmds::hash`), and
+/// the rest of the `/init` runs there.
+fn post(app: &Arc<App>, head: &Head, body: &[u8]) -> Result<Response, ApiError> {
+    let parsed = if body.is_empty() {
         Ok(InitBody::default())
     } else {
-        parse_json(body)
+        parse_json::<InitBody>(body)
     };
-    let response = with_envd_headers(result.and_then(|body| apply(app, head, body)));
+    let parsed = parsed.and_then(|body| {
+        let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
+        Ok((body, timestamp))
+    });
+    let (body, timestamp) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => return Ok(answer(Err(e))),
+    };
+    let authorisation = init_token::authorise(app, head, body.access_token.as_deref());
+    let app = Arc::clone(app);
+    let finish = move |change: Result<TokenChange, AuthError>| {
+        answer(
+            change
+                .map_err(ApiError::from)
+                .and_then(|change| apply(&app, body, timestamp, change)),
+        )
+    };
+    Ok(match authorisation {
+        Authorisation::Decided(change) => finish(change),
+        Authorisation::Pending(pending) => {
+            let (reply, deferred) = deferred::channel();
+            pending.decide(reply, finish);
+            Response::deferred(deferred)
+        }
+    })
+}
+
+/// The answer to an `/init`, its envd headers added.
+fn answer(result: Result<Response, ApiError>) -> Response {
+    let response = with_envd_headers(result);
     // As envd's: once started from a live upgrade's handover, every /init says how it went.
-    Ok(match crate::upgrade::outcome() {
+    match crate::upgrade::outcome() {
         Some(outcome) => response.with_header("X-Envd-Handover", outcome.header()),
         None => response,
-    })
+    }
 }
 
 /// Every `/init` answer, errors included, is `no-store` and names the envd level.
@@ -161,10 +196,13 @@ pub fn with_envd_headers(result: Result<Response, ApiError>) -> Response {
         .with_header("X-Envd-Version", ENVD_VERSION)
 }
 
-/// Authorises, validates and applies one `/init` (the order is in the module documentation).
-pub fn apply(app: &App, head: &Head, body: InitBody) -> Result<Response, ApiError> {
-    let timestamp = body.timestamp.as_deref().map(parse_timestamp).transpose()?;
-    let change = init_token::authorise(app, head, body.access_token.as_deref())?;
+/// Applies one authorised `/init` (the order is in the module documentation).
+fn apply(
+    app: &App,
+    body: InitBody,
+    timestamp: Option<i128>,
+    change: TokenChange,
+) -> Result<Response, ApiError> {
     app.mark_initialized();
     // As envd's deferred thaw: any authorised /init (a resume) thaws the processes' cgroups,
     // the frozen set audited first when this image's hierarchy sweep made it.
@@ -254,8 +292,8 @@ fn apply_authorised(
     }
     // False only when a newer /init was applied since the check above: this one is stale now.
     let token = match change {
-        init_token::TokenChange::Clear => Some(None),
-        init_token::TokenChange::SetOrKeep => body.access_token.map(Some),
+        TokenChange::Clear => Some(None),
+        TokenChange::SetOrKeep => body.access_token.map(Some),
     };
     app.apply_init(timestamp, token, body.env_vars, body.default_user, workdir);
     Ok(Response::empty(204))

@@ -16,15 +16,23 @@
 //! route; its holder may do anything already), and a new token whose hex SHA-256 is the content
 //! of `--init-token-hash-file` (for hosts without a metadata service: containers, plain VMs).
 //! Neither clears the token.
+//!
+//! The metadata service is read only when its answer can matter, and never on an HTTP worker:
+//! [`authorise`] decides at once when it can, and otherwise returns a [`Pending`] decision that
+//! the hash thread (`mmds::hash`) completes, one read shared by the `/init`s waiting for it.
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256, Sha512};
 
 use crate::app::App;
 use crate::auth::{self, AuthError};
-use crate::http::Head;
+use crate::http::deferred::Answer;
+use crate::http::{Head, Response};
+use crate::mmds::hash::Waiter;
+use crate::mmds::Mmds;
 
 /// What an authorised `/init` does to the token besides setting the body's new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,46 +43,111 @@ pub enum TokenChange {
     Clear,
 }
 
-/// Authorises one `/init` carrying `new_token` (the body's `accessToken`).
-pub fn authorise(
-    app: &App,
-    head: &Head,
-    new_token: Option<&str>,
-) -> Result<TokenChange, AuthError> {
+/// Who may `/init`, as far as the head and body tell.
+pub enum Authorisation {
+    Decided(Result<TokenChange, AuthError>),
+    /// The metadata service's hash decides: [`Pending::decide`] reads it off the worker.
+    Pending(Pending),
+}
+
+/// An `/init`'s authorisation waiting for the metadata service's hash.
+pub struct Pending {
+    mmds: Arc<Mmds>,
+    new_token: Option<String>,
+    /// With a token set: the header's verdict (the hash file's, with a new token, was no).
+    header: Option<Result<(), AuthError>>,
+}
+
+/// Authorises one `/init` carrying `new_token` (the body's `accessToken`), or says what it
+/// waits for.
+pub fn authorise(app: &App, head: &Head, new_token: Option<&str>) -> Authorisation {
     let current = app.token();
     // envd's fast path: the body's token is the current one.
     if let (Some(current), Some(new)) = (&current, new_token) {
         if auth::constant_time_eq(new.as_bytes(), current.as_bytes()) {
-            return Ok(TokenChange::SetOrKeep);
+            return Authorisation::Decided(Ok(TokenChange::SetOrKeep));
         }
     }
     // sandboxd's own ways in. With a new token they decide alone, so the holder of the current
     // token never waits on the metadata service; without one, the service may still say
     // "clear".
-    let own = current.as_deref().map(|current| {
-        let header = auth::check_token(Some(current), head.header("x-access-token"));
-        let by_file = new_token.is_some_and(|token| {
+    let header = current
+        .as_deref()
+        .map(|current| auth::check_token(Some(current), head.header("x-access-token")));
+    let by_file = current.is_some()
+        && new_token.is_some_and(|token| {
             host_authorised(app.config.init_token_hash_file.as_deref(), token)
         });
-        (header, by_file)
-    });
-    if new_token.is_some() && matches!(&own, Some((header, by_file)) if header.is_ok() || *by_file)
-    {
-        return Ok(TokenChange::SetOrKeep);
+    if new_token.is_some() && (by_file || matches!(header, Some(Ok(())))) {
+        return Authorisation::Decided(Ok(TokenChange::SetOrKeep));
     }
-    let (matches, hash_held) = match &app.mmds {
-        Some(mmds) => match mmds.access_token_hash() {
-            Ok(hash) => check_hash(&hash, new_token),
-            Err(e) => {
-                crate::log::line(format_args!(
-                    "init: no token hash from the metadata service: {e}"
-                ));
-                (false, false)
-            }
+    let pending = Pending {
+        mmds: match &app.mmds {
+            Some(mmds) => Arc::clone(mmds),
+            None => return Authorisation::Decided(decide(None, new_token, header)),
         },
-        None => (false, false),
+        new_token: new_token.map(str::to_owned),
+        header,
     };
-    match (matches, own) {
+    Authorisation::Pending(pending)
+}
+
+impl Pending {
+    /// Reads the hash on the metadata service's hash thread; there, `then` makes the answer
+    /// from the decision and `reply` sends it, unless its client left before the read began.
+    pub fn decide(
+        self,
+        reply: Answer,
+        then: impl FnOnce(Result<TokenChange, AuthError>) -> Response + Send + 'static,
+    ) {
+        let mmds = Arc::clone(&self.mmds);
+        mmds.with_access_token_hash(Box::new(Decision {
+            pending: self,
+            reply,
+            then,
+        }));
+    }
+}
+
+struct Decision<T> {
+    pending: Pending,
+    reply: Answer,
+    then: T,
+}
+
+impl<T> Waiter for Decision<T>
+where
+    T: FnOnce(Result<TokenChange, AuthError>) -> Response + Send,
+{
+    fn wanted(&self) -> bool {
+        !self.reply.is_abandoned()
+    }
+
+    fn hash(self: Box<Self>, hash: Result<String, String>) {
+        let Decision {
+            pending,
+            reply,
+            then,
+        } = *self;
+        // A read that failed is "no hash" (the thread logged it once for all its callers).
+        let decision = decide(
+            hash.ok().as_deref(),
+            pending.new_token.as_deref(),
+            pending.header,
+        );
+        reply.send(then(decision));
+    }
+}
+
+/// envd's decision once the metadata service's hash is known (`None`: none could be read),
+/// with `header` the `X-Access-Token` verdict when a token is set.
+fn decide(
+    hash: Option<&str>,
+    new_token: Option<&str>,
+    header: Option<Result<(), AuthError>>,
+) -> Result<TokenChange, AuthError> {
+    let (matches, hash_held) = hash.map_or((false, false), |hash| check_hash(hash, new_token));
+    match (matches, header) {
         (true, _) if new_token.is_none() => Ok(TokenChange::Clear),
         (true, _) => Ok(TokenChange::SetOrKeep),
         // No token set: first set-up, unless the service holds a hash this one does not match.
@@ -82,7 +155,7 @@ pub fn authorise(
         (false, None) => Ok(TokenChange::SetOrKeep),
         // A token set, and no way in left but the header (the hash file needs a new token,
         // which returned above): the header's answer, keeping the token.
-        (false, Some((header, _))) => header.map(|()| TokenChange::SetOrKeep),
+        (false, Some(header)) => header.map(|()| TokenChange::SetOrKeep),
     }
 }
 
@@ -175,6 +248,43 @@ mod tests {
         assert_eq!(
             check_hash(&new.to_uppercase(), Some("new-token")),
             (false, true)
+        );
+    }
+
+    #[test]
+    fn decide_is_envd_s_rule_with_the_header_as_a_way_in() {
+        let new = sha512_hex("new-token");
+        let set = |verdict: Result<(), AuthError>| Some(verdict);
+        // The hash of the new token, or of the empty one without a token: in (the second clears).
+        assert_eq!(
+            decide(Some(&new), Some("new-token"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(EMPTY), None, set(Err(AuthError::MissingToken))),
+            Ok(TokenChange::Clear)
+        );
+        // No token set: first set-up unless a hash is held that this one does not match.
+        assert_eq!(
+            decide(None, Some("other"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(""), Some("other"), None),
+            Ok(TokenChange::SetOrKeep)
+        );
+        assert_eq!(
+            decide(Some(&new), Some("other"), None),
+            Err(AuthError::WrongToken)
+        );
+        // A token set: the header decides what the hash does not, and never clears.
+        assert_eq!(
+            decide(None, None, set(Err(AuthError::MissingToken))),
+            Err(AuthError::MissingToken)
+        );
+        assert_eq!(
+            decide(Some(&new), None, set(Ok(()))),
+            Ok(TokenChange::SetOrKeep)
         );
     }
 

@@ -46,12 +46,12 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Api
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
+/// A handler of a collected JSON body.
+pub type JsonHandler = fn(&Arc<App>, &Head, &[u8]) -> Result<Response, ApiError>;
+
 /// Collects a JSON body of at most [`MAX_JSON_BODY`] bytes (in the event loop, not in a
 /// worker), then answers with `handle`.
-pub fn collect_json(
-    app: &Arc<App>,
-    handle: fn(&App, &Head, &[u8]) -> Result<Response, ApiError>,
-) -> Action {
+pub fn collect_json(app: &Arc<App>, handle: JsonHandler) -> Action {
     let app = Arc::clone(app);
     Action::Collect {
         limit: MAX_JSON_BODY,

@@ -4,10 +4,13 @@
 //!
 //! A write to a frozen filesystem sleeps in the kernel until the thaw, and so would the worker
 //! making it; with enough of them every worker would sleep and nothing (not `/fsthaw` itself)
-//! would be answered. So the daemon's writers go through a gate ([`FsFreeze::writing`]): a read
-//! lock held across each write call, which a freeze takes for writing to mark the filesystem
-//! frozen before `FIFREEZE`. A freeze therefore waits for the write calls in progress, and
-//! every later one is refused (503, or `unavailable`) until the thaw, instead of sleeping.
+//! would be answered. So the daemon's writers go through a gate ([`FsFreeze::writing`]): a
+//! pass held across each write call and counted, which a freeze closes before `FIFREEZE`. A
+//! freeze therefore waits for the write calls in progress, and every later one is refused at
+//! once (503, or `unavailable`) until the thaw, instead of sleeping: while the freeze waits
+//! ([`Closed::Freezing`]) as well as once it is done ([`Closed::Frozen`]). Nothing waits for
+//! the gate but the freeze itself, so a write call that takes long (a `Remove` of a big tree)
+//! holds one worker and the freeze's, never the workers of the writers that come after it.
 //! What such a refused upload must undo (its unnamed file, whose last close writes to the
 //! filesystem) is handed to a thread of its own that may sleep until the thaw
 //! ([`FsFreeze::defer_drop`]). A freeze nobody thaws is thawed by the watchdog.
@@ -16,7 +19,7 @@
 //! waits for it (as envd's, so a rollback is never lost to contention).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 use crate::platform::watchdog::Watchdog;
@@ -31,12 +34,44 @@ pub enum FsFreezeError {
     Failed(String),
 }
 
+/// Why the gate refuses a write call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// A freeze waits for the write calls in progress.
+    Freezing,
+    /// Frozen (or being thawed): until `FITHAW` succeeded.
+    Frozen,
+}
+
 pub struct FsFreeze {
     path: PathBuf,
     lock: Mutex<()>,
-    /// True from just before `FIFREEZE` until `FITHAW` succeeded.
-    gate: RwLock<bool>,
+    gate: Mutex<Gate>,
+    /// Told when the last write call in progress ends while the gate is closed.
+    drained: Condvar,
     watchdog: Arc<Watchdog>,
+}
+
+struct Gate {
+    /// Write calls in progress (passes held).
+    writers: usize,
+    /// `None` while open.
+    closed: Option<Closed>,
+}
+
+/// The pass of one write call: the freeze waits until it is dropped.
+pub struct Writing<'a> {
+    fs: &'a FsFreeze,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut gate = self.fs.gate();
+        gate.writers -= 1;
+        if gate.writers == 0 && gate.closed.is_some() {
+            self.fs.drained.notify_all();
+        }
+    }
 }
 
 impl FsFreeze {
@@ -44,7 +79,11 @@ impl FsFreeze {
         FsFreeze {
             path,
             lock: Mutex::new(()),
-            gate: RwLock::new(false),
+            gate: Mutex::new(Gate {
+                writers: 0,
+                closed: None,
+            }),
+            drained: Condvar::new(),
             watchdog: Watchdog::new(thaw_after),
         }
     }
@@ -56,15 +95,27 @@ impl FsFreeze {
             Err(TryLockError::WouldBlock) => return Err(FsFreezeError::Busy),
             Err(TryLockError::Poisoned(e)) => e.into_inner(),
         };
-        // Marked frozen first: the write calls in progress finish, later ones are refused.
-        *self.gate.write().unwrap_or_else(|e| e.into_inner()) = true;
+        // Closed first: the write calls in progress finish, later ones are refused.
+        let before = {
+            let mut gate = self.gate();
+            let before = gate.closed;
+            gate.closed = Some(Closed::Freezing);
+            let gate = self
+                .drained
+                .wait_while(gate, |gate| gate.writers > 0)
+                .unwrap_or_else(|e| e.into_inner());
+            drop(gate);
+            before
+        };
         if let Err(e) = fsfreeze::freeze(&self.path) {
-            *self.gate.write().unwrap_or_else(|e| e.into_inner()) = false;
+            // As it was: open, or still frozen by an earlier freeze.
+            self.gate().closed = before;
             return Err(FsFreezeError::Failed(format!(
                 "FIFREEZE {}: {e}",
                 self.path.display()
             )));
         }
+        self.gate().closed = Some(Closed::Frozen);
         let weak = Arc::downgrade(self);
         self.watchdog
             .arm(Box::new(move |generation| watchdog_thaw(&weak, generation)));
@@ -81,14 +132,23 @@ impl FsFreeze {
         fsfreeze::thaw(&self.path)
             .map_err(|e| FsFreezeError::Failed(format!("FITHAW {}: {e}", self.path.display())))?;
         self.watchdog.disarm();
-        *self.gate.write().unwrap_or_else(|e| e.into_inner()) = false;
+        self.gate().closed = None;
         Ok(())
     }
 
-    /// The gate for one write call: held across it; `None` while frozen (refuse the write).
-    pub fn writing(&self) -> Option<RwLockReadGuard<'_, bool>> {
-        let gate = self.gate.read().unwrap_or_else(|e| e.into_inner());
-        (!*gate).then_some(gate)
+    /// The pass for one write call, held across it; refused at once while a freeze waits or
+    /// holds (refuse the write). Never waits on a freeze.
+    pub fn writing(&self) -> Result<Writing<'_>, Closed> {
+        let mut gate = self.gate();
+        if let Some(closed) = gate.closed {
+            return Err(closed);
+        }
+        gate.writers += 1;
+        Ok(Writing { fs: self })
+    }
+
+    fn gate(&self) -> MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Drops `leftover` on a thread of its own, which may sleep until the thaw (its drop may
@@ -143,9 +203,9 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        assert!(fs.writing().is_some());
-        *fs.gate.write().unwrap() = true;
-        assert!(fs.writing().is_none());
+        assert!(fs.writing().is_ok());
+        fs.gate().closed = Some(Closed::Frozen);
+        assert_eq!(fs.writing().err(), Some(Closed::Frozen));
         let (tx, rx) = std::sync::mpsc::channel();
         struct Tell(std::sync::mpsc::Sender<()>);
         impl Drop for Tell {
@@ -155,5 +215,38 @@ mod tests {
         }
         fs.defer_drop(Box::new(Tell(tx)));
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    #[test]
+    fn a_freeze_waits_for_the_write_in_progress_and_refuses_later_ones_at_once() {
+        let fs = Arc::new(FsFreeze::new(
+            "/nonexistent/sandboxd".into(),
+            Duration::from_secs(600),
+        ));
+        let pass = fs.writing().unwrap();
+        let freezing = {
+            let fs = Arc::clone(&fs);
+            std::thread::spawn(move || fs.freeze())
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while fs.gate().closed.is_none() {
+            assert!(std::time::Instant::now() < deadline, "the freeze began");
+            std::thread::yield_now();
+        }
+        for _ in 0..100 {
+            assert_eq!(fs.writing().err(), Some(Closed::Freezing));
+        }
+        assert!(!freezing.is_finished(), "it waits for the pass");
+        drop(pass);
+        let frozen = freezing.join().unwrap();
+        assert!(
+            matches!(frozen, Err(FsFreezeError::Failed(_))),
+            "{frozen:?}"
+        );
+        assert!(fs.writing().is_ok(), "a failed freeze opens the gate again");
+        // A freeze that fails while an earlier one holds leaves the gate closed.
+        fs.gate().closed = Some(Closed::Frozen);
+        assert!(fs.freeze().is_err());
+        assert_eq!(fs.writing().err(), Some(Closed::Frozen));
     }
 }

@@ -25,9 +25,9 @@ pub const MAX_BINARY: u64 = 256 << 20;
 /// How long the new binary's `-version` may take.
 const VERSION_BUDGET: Duration = Duration::from_secs(5);
 
-/// Checks the request from its head; an empty body re-executes the running binary.
+/// Checks the request from its head (the router has checked the token, before the
+/// filesystem-freeze gate); an empty body re-executes the running binary.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
-    app.require_token(head)?;
     if !app.is_initialized() {
         return Err(ApiError::new(
             409,

@@ -245,6 +245,19 @@ impl Daemon {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Reply {
+        let stream = self.send(method, target, headers, body);
+        read_reply(&mut BufReader::new(stream), method == "HEAD").expect("a response")
+    }
+
+    /// Sends what `call_with` sends, on a connection of its own, and returns it unread: the
+    /// answer is read later (`read_reply`), so requests can wait together.
+    pub fn send(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
         let mut request =
             format!("{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
         for (name, value) in headers {
@@ -258,7 +271,7 @@ impl Daemon {
         bytes.extend_from_slice(body);
         let mut stream = self.connect();
         stream.write_all(&bytes).unwrap();
-        read_reply(&mut BufReader::new(stream), method == "HEAD").expect("a response")
+        stream
     }
 
     pub fn get(&self, target: &str) -> Reply {
@@ -320,6 +333,18 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Whether anything (an answer, or the end) has arrived on `stream`, without waiting for it.
+pub fn answered_yet(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let peeked = stream.peek(&mut [0u8; 1]);
+    stream.set_nonblocking(false).unwrap();
+    match peeked {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => panic!("peek: {e}"),
     }
 }
 

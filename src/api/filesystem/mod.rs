@@ -67,15 +67,14 @@ fn run(
         super::long_calls::start();
     }
     // The methods that write hold the filesystem-freeze gate across their calls (refused
-    // while frozen: `api::fsfreeze`).
-    let _gate = match method {
-        "MakeDir" | "Move" | "Remove" => Some(
-            app.fsfreeze
-                .writing()
-                .ok_or_else(|| Error::new(Code::Unavailable, super::fsfreeze::FROZEN))?,
-        ),
-        _ => None,
-    };
+    // while it is closed: `api::fsfreeze`).
+    let _gate =
+        match method {
+            "MakeDir" | "Move" | "Remove" => Some(app.fsfreeze.writing().map_err(|closed| {
+                Error::new(Code::Unavailable, super::fsfreeze::refusal(closed))
+            })?),
+            _ => None,
+        };
     let _as_user = app
         .as_user_with(&caller.user, &caller.owners)
         .map_err(|e| Error::new(Code::Internal, e.to_string()))?;

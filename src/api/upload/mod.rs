@@ -81,15 +81,22 @@ enum Kind {
 /// The header prefix of metadata (compared without case).
 const METADATA_HEADER: &[u8] = b"x-metadata-";
 
-/// Starts `POST /files` or `PUT /files` from its head.
+/// Who may upload: the query decoded (400), then the token or a URL signed for writing (401).
+/// The router checks it before the filesystem-freeze gate, then calls [`begin`].
+pub fn authorise(app: &App, head: &Head) -> Result<(), ApiError> {
+    let query = app::query(head)?;
+    app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
+    Ok(())
+}
+
+/// Starts `POST /files` or `PUT /files` from its head, once [`authorise`]d.
 ///
-/// Order of checks: query decoding (400), access (401), `format` (400), `Content-Encoding`
-/// (415); for an archive the user (401), then `archive::sink`'s; else `Content-Type` (400),
-/// user (401), metadata (400), path (400); then the body.
+/// Order of checks after those: `format` (400), `Content-Encoding` (415); for an archive the
+/// user (401), then `archive::sink`'s; else `Content-Type` (400), user (401), metadata (400),
+/// path (400); then the body.
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
-    app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
     let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
     if tar {

@@ -7,8 +7,11 @@
 //!
 //! Off unless `--mmds-address` is given, or the binary runs under the name `envd` without
 //! `-isnotfc` (SPEC §1): otherwise nothing here runs and no socket is opened.
-//! Nothing here blocks start-up or `/health`: the poller is a thread of its own, and only
-//! `/init`, which needs the token's hash, waits for an answer (bounded by [`HASH_TIMEOUT`]).
+//! Nothing here blocks start-up, `/health` or a worker: the poller is a thread of its own, and
+//! `/init`'s reads of the token's hash (each bounded by [`HASH_TIMEOUT`]) are another's, one
+//! read shared by the `/init`s waiting for it ([`hash`]).
+
+pub mod hash;
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -20,6 +23,8 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+use hash::{HashReads, Waiter};
 
 use crate::platform::{http_client, walk};
 
@@ -34,8 +39,8 @@ const TOKEN_TTL_SECONDS: u32 = 60;
 /// `mmdsAccessTokenRequestClientTimeout`): a service that answers each request seconds late is
 /// still read.
 const POLL_TIMEOUT: Duration = Duration::from_secs(10);
-/// The whole of one `/init`'s read of the token hash (both requests): a stalled service holds
-/// that `/init`'s worker no longer than this.
+/// The whole of one read of the token hash for `/init` (both requests): a stalled service
+/// keeps the `/init`s waiting for it no longer than this.
 pub const HASH_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one poll goes on retrying before it gives up (envd: 60 s after an `/init`).
 const POLL_BUDGET: Duration = Duration::from_secs(60);
@@ -161,6 +166,8 @@ pub struct Mmds {
     /// Whether a poll was asked for since the poller last started one.
     wanted: Mutex<bool>,
     wake: Condvar,
+    /// `/init`'s reads of the token hash, on a thread of their own.
+    hash_reads: Arc<HashReads>,
 }
 
 impl Mmds {
@@ -173,11 +180,13 @@ impl Mmds {
             answered: AtomicBool::new(false),
             wanted: Mutex::new(false),
             wake: Condvar::new(),
+            hash_reads: Arc::new(HashReads::new()),
         }
     }
 
     /// Starts the poller thread, which first writes `/run/e2b/.E2B_SANDBOX` (envd's `true` in a
-    /// Firecracker guest), and asks it for a first poll. Returns at once.
+    /// Firecracker guest), and asks it for a first poll; and the thread of `/init`'s reads of
+    /// the token hash. Returns at once.
     pub fn start(self: &Arc<Self>) {
         let mmds = Arc::clone(self);
         let started = std::thread::Builder::new()
@@ -187,6 +196,13 @@ impl Mmds {
             crate::log::line(format_args!("mmds: cannot start the poller: {e}"));
         }
         self.poll();
+        let mmds = Arc::clone(self);
+        if let Err(e) = self.hash_reads.start(move || mmds.access_token_hash()) {
+            // Every /init that needs the hash is then decided without one (and logged).
+            crate::log::line(format_args!(
+                "mmds: cannot start the thread that reads the token hash: {e}"
+            ));
+        }
     }
 
     /// Asks the poller to read the service again (at start, and after each authorised `/init`:
@@ -207,8 +223,14 @@ impl Mmds {
         env
     }
 
-    /// A fresh read of `accessTokenHash` for `/init`, bounded by [`HASH_TIMEOUT`] in all.
-    pub fn access_token_hash(&self) -> Result<String, String> {
+    /// Gives `waiter` the `accessTokenHash` of a read begun from now on, on the hash thread
+    /// (`hash`); never blocks on the service.
+    pub fn with_access_token_hash(&self, waiter: Box<dyn Waiter>) {
+        self.hash_reads.wait(waiter);
+    }
+
+    /// A fresh read of `accessTokenHash`, bounded by [`HASH_TIMEOUT`] in all: the hash thread's.
+    fn access_token_hash(&self) -> Result<String, String> {
         let opts = fetch(self.address, HASH_TIMEOUT / 2)?;
         self.answered.store(true, Ordering::Relaxed);
         Ok(opts.access_token_hash)
