@@ -14,9 +14,16 @@ export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze
 
 build: $(BIN)
 
+# The release binary: std rebuilt with the daemon's own profile (size first, panic=abort) and
+# without its backtrace printer (gimli, addr2line, libunwind: 260 KB of a 1.6 MB binary that a
+# panic=abort build never unwinds with); a panic still prints its message. -Z build-std needs
+# the toolchain's source (rust-src) and is unstable, hence RUSTC_BOOTSTRAP (docs/design.md,
+# "Binary size").
 $(BIN): FORCE
 	@rustup target list --installed 2>/dev/null | grep -qx $(TARGET) || rustup target add $(TARGET)
-	$(CARGO) build --release --locked --target $(TARGET)
+	@rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
+	RUSTC_BOOTSTRAP=1 $(CARGO) build --release --locked --target $(TARGET) \
+	  -Z build-std=std,panic_abort -Z build-std-features=
 	@ls -l $(BIN) | awk '{print "built $(BIN): " $$5 " bytes"}'
 
 FORCE:
