@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_health_within, builder, Daemon};
+use crate::common::{assert_health_within, builder, Daemon, TOKEN};
 use crate::forward::{forwarded, raise_own_nofile};
 
 /// The daemon's open-file limit.
@@ -114,5 +114,59 @@ fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered
                 || l.contains("its share of the open-file limit"))
     });
     drop(heads);
+    drop(clients);
+}
+
+#[test]
+fn out_of_descriptors_with_every_http_connection_busy_a_forwarded_one_gives_way() {
+    raise_own_nofile(4 * LIMIT + 512);
+    let ip = IpAddr::from([127, 0, 0, 12]);
+    let daemon = builder()
+        .wrap_with_shell(&format!("ulimit -n {LIMIT} && exec"))
+        // Bodies that never finish outlive the test.
+        .args(&[
+            "--body-timeout",
+            "120",
+            "--forward-address",
+            &ip.to_string(),
+        ])
+        .start();
+    daemon.log_with(|l| l.contains(&format!("forwarding localhost ports on {ip}")));
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front = forwarded(&daemon, ip, server.local_addr().unwrap());
+    let inside = Arc::new(Mutex::new(Vec::new()));
+    {
+        let inside = Arc::clone(&inside);
+        thread::spawn(move || {
+            for stream in server.incoming() {
+                let Ok(stream) = stream else { return };
+                inside.lock().unwrap().push(stream);
+            }
+        });
+    }
+    let (clients, taken) = fill(&daemon, front, &inside);
+    assert!(taken >= 100, "only {taken} forwarded: {:?}", daemon.log());
+    // The rest of the descriptors go to requests whose bodies are under way: neither idle nor
+    // unfinished heads, so the HTTP server has nothing of its own to close.
+    let head = format!(
+        "POST /init HTTP/1.1\r\nHost: t\r\nX-Access-Token: {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    let mut bodies = Vec::new();
+    while !daemon.log().iter().any(|l| l.contains("accept failed")) {
+        assert!(bodies.len() < LIMIT as usize, "{:?}", daemon.log());
+        for _ in 0..16 {
+            let mut stream = daemon.connect();
+            stream.write_all(head.as_bytes()).unwrap();
+            bodies.push(stream);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_health_within(&daemon, Duration::from_secs(2));
+    daemon.log_with(|l| {
+        l.contains(&format!("forward :{}: closed ", front.port()))
+            && l.contains("connection(s) to free descriptors for the HTTP server")
+    });
+    drop(bodies);
     drop(clients);
 }
