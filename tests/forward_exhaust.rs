@@ -14,7 +14,7 @@ use crate::common::{assert_health_within, builder, Daemon, TOKEN};
 use crate::forward::{forwarded, raise_own_nofile};
 
 /// The daemon's open-file limit.
-const LIMIT: u64 = 1024;
+const LIMIT: usize = 1024;
 
 /// Opens connections through `front` in batches until the forwarder stops taking them: a
 /// refusal in the log, or connections the server never sees. The clients (refused ones
@@ -32,7 +32,7 @@ fn fill(
                 || l.contains(&format!("forward :{}: cannot reach", front.port()))
         })
     };
-    while clients.len() < 2 * LIMIT as usize {
+    while clients.len() < 2 * LIMIT {
         for _ in 0..32 {
             match TcpStream::connect(front) {
                 Ok(stream) => clients.push(stream),
@@ -60,7 +60,7 @@ fn fill(
 
 #[test]
 fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered() {
-    raise_own_nofile(4 * LIMIT + 512);
+    raise_own_nofile(4 * 1024 + 512);
     let ip = IpAddr::from([127, 0, 0, 11]);
     let daemon = builder()
         .wrap_with_shell(&format!("ulimit -n {LIMIT} && exec"))
@@ -119,7 +119,7 @@ fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered
 
 #[test]
 fn out_of_descriptors_with_every_http_connection_busy_a_forwarded_one_gives_way() {
-    raise_own_nofile(4 * LIMIT + 512);
+    raise_own_nofile(4 * 1024 + 512);
     let ip = IpAddr::from([127, 0, 0, 12]);
     let daemon = builder()
         .wrap_with_shell(&format!("ulimit -n {LIMIT} && exec"))
@@ -154,7 +154,7 @@ fn out_of_descriptors_with_every_http_connection_busy_a_forwarded_one_gives_way(
     );
     let mut bodies = Vec::new();
     while !daemon.log().iter().any(|l| l.contains("accept failed")) {
-        assert!(bodies.len() < LIMIT as usize, "{:?}", daemon.log());
+        assert!(bodies.len() < LIMIT, "{:?}", daemon.log());
         for _ in 0..16 {
             let mut stream = daemon.connect();
             stream.write_all(head.as_bytes()).unwrap();
