@@ -5,7 +5,7 @@
 //! reaches in a few hundred connections.
 
 use std::io::Write;
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ const LIMIT: usize = 1024;
 /// included) and how many reached the server.
 fn fill(
     daemon: &Daemon,
-    front: std::net::SocketAddr,
+    front: SocketAddr,
     inside: &Mutex<Vec<TcpStream>>,
 ) -> (Vec<TcpStream>, usize) {
     let mut clients = Vec::new();
@@ -58,19 +58,26 @@ fn fill(
     );
 }
 
-#[test]
-fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered() {
+/// A daemon under `ulimit -n` [`LIMIT`] forwarding to 127.0.0.`host` (with `timeout`, a flag,
+/// at 120 s), and a server behind it holding every connection: every forwarded connection
+/// the forwarder takes is open.
+struct Exhausted {
+    daemon: Daemon,
+    front: SocketAddr,
+    inside: Arc<Mutex<Vec<TcpStream>>>,
+    /// The clients, refused ones included.
+    clients: Vec<TcpStream>,
+    /// How many reached the server.
+    taken: usize,
+}
+
+fn forwards_taken(host: u8, timeout: &str) -> Exhausted {
     raise_own_nofile(4 * 1024 + 512);
-    let ip = IpAddr::from([127, 0, 0, 11]);
+    let ip = IpAddr::from([127, 0, 0, host]);
     let daemon = builder()
         .wrap_with_shell(&format!("ulimit -n {LIMIT} && exec"))
-        // Unfinished heads outlive the test (the header timeout would end them at 10 s).
-        .args(&[
-            "--header-timeout",
-            "120",
-            "--forward-address",
-            &ip.to_string(),
-        ])
+        // What the test leaves unfinished outlives it.
+        .args(&[timeout, "120", "--forward-address", &ip.to_string()])
         .start();
     daemon.log_with(|l| l.contains(&format!("forwarding localhost ports on {ip}")));
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -88,6 +95,24 @@ fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered
     let (clients, taken) = fill(&daemon, front, &inside);
     eprintln!("{} connections made, {taken} forwarded", clients.len());
     assert!(taken >= 100, "only {taken} forwarded: {:?}", daemon.log());
+    Exhausted {
+        daemon,
+        front,
+        inside,
+        clients,
+        taken,
+    }
+}
+
+#[test]
+fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered() {
+    let Exhausted {
+        daemon,
+        front,
+        inside,
+        clients,
+        taken,
+    } = forwards_taken(11, "--header-timeout");
     // Three unfinished request heads, parked by the HTTP server.
     let heads: Vec<TcpStream> = (0..3)
         .map(|_| {
@@ -119,33 +144,12 @@ fn every_forwarded_connection_allowed_and_unfinished_heads_leave_health_answered
 
 #[test]
 fn out_of_descriptors_with_every_http_connection_busy_a_forwarded_one_gives_way() {
-    raise_own_nofile(4 * 1024 + 512);
-    let ip = IpAddr::from([127, 0, 0, 12]);
-    let daemon = builder()
-        .wrap_with_shell(&format!("ulimit -n {LIMIT} && exec"))
-        // Bodies that never finish outlive the test.
-        .args(&[
-            "--body-timeout",
-            "120",
-            "--forward-address",
-            &ip.to_string(),
-        ])
-        .start();
-    daemon.log_with(|l| l.contains(&format!("forwarding localhost ports on {ip}")));
-    let server = TcpListener::bind("127.0.0.1:0").unwrap();
-    let front = forwarded(&daemon, ip, server.local_addr().unwrap());
-    let inside = Arc::new(Mutex::new(Vec::new()));
-    {
-        let inside = Arc::clone(&inside);
-        thread::spawn(move || {
-            for stream in server.incoming() {
-                let Ok(stream) = stream else { return };
-                inside.lock().unwrap().push(stream);
-            }
-        });
-    }
-    let (clients, taken) = fill(&daemon, front, &inside);
-    assert!(taken >= 100, "only {taken} forwarded: {:?}", daemon.log());
+    let Exhausted {
+        daemon,
+        front,
+        clients,
+        ..
+    } = forwards_taken(12, "--body-timeout");
     // The rest of the descriptors go to requests whose bodies are under way: neither idle nor
     // unfinished heads, so the HTTP server has nothing of its own to close.
     let head = format!(

@@ -16,6 +16,7 @@ with forwarding off, is on 127.0.0.1:PEER_PORT.
 import os, socket, sys, threading, time
 
 from benchrow import bench_row
+from forwardlib import wait_forwarded
 
 NOFILE, PORT, TOKEN, FWD, LOG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 PEER_PORT, PEER_TOKEN = int(sys.argv[6]), sys.argv[7]
@@ -40,16 +41,6 @@ def hold_all(server, held):
         except OSError:
             return
         held.append(conn)
-
-
-def forward_of(port):
-    for _ in range(4000):
-        try:
-            socket.create_connection((FWD, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.005)
-    raise RuntimeError(f"port {port} not forwarded")
 
 
 def fill(port, inside):
@@ -104,7 +95,7 @@ def main():
     port = server.getsockname()[1]
     inside = []
     threading.Thread(target=hold_all, args=(server, inside), daemon=True).start()
-    forward_of(port)   # one connection, closed: the server holds it (counted above, + 1)
+    wait_forwarded(FWD, port)   # one connection, closed: the server holds it (counted below, + 1)
     clients = fill(port, inside)
     forwarded = len(inside) - 1
     heads = []
