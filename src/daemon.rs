@@ -29,6 +29,9 @@ const DISCARD_CAP: u64 = 64 << 20;
 /// Most bytes all incomplete request heads may hold together; past it the oldest is closed.
 const PARTIAL_HEAD_BUDGET: usize = 16 << 20;
 
+/// The open-file limit budgeted when not even `getrlimit` answers: Linux's default soft limit.
+const FALLBACK_NOFILE: u64 = 1024;
+
 /// The signals the main thread waits for: stop, reap, and `SIGUSR2`, which `/upgrade` sends to
 /// have the main thread perform the upgrade (`crate::upgrade`).
 const SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGCHLD, libc::SIGUSR2];
@@ -54,10 +57,19 @@ pub fn run(config: Config) -> ExitCode {
             "-verbose: accepted for envd's command line; sandboxd always logs to stderr"
         ));
     }
-    match process::raise_nofile_limit() {
-        Ok(limit) => log::line(format_args!("open-file limit {limit}")),
-        Err(e) => log::line(format_args!("cannot raise the open-file limit: {e}")),
-    }
+    let nofile = match process::raise_nofile_limit() {
+        Ok(limit) => {
+            log::line(format_args!("open-file limit {limit}"));
+            limit
+        }
+        Err(e) => {
+            let limit = process::nofile_limit().map_or(FALLBACK_NOFILE, |(soft, _)| soft);
+            log::line(format_args!(
+                "cannot raise the open-file limit: {e}; budgeting {limit}"
+            ));
+            limit
+        }
+    };
     let token = match load_token(&config) {
         Ok(token) => token,
         Err(message) => {
@@ -136,6 +148,7 @@ pub fn run(config: Config) -> ExitCode {
             own_port: own_port.unwrap_or(app.config.listen.port()),
             max_ports: app.config.forward_max_ports,
             max_connections: app.config.forward_max_connections,
+            budget: crate::descriptors::Budget::new(nofile, workers),
         });
     }
     log::line(format_args!(

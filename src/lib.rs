@@ -15,6 +15,7 @@ mod cli;
 mod config;
 mod connect;
 mod daemon;
+mod descriptors;
 mod error;
 mod fs;
 #[cfg(feature = "fuzzing")]

@@ -79,6 +79,12 @@ impl Handler for Router {
     fn tick(&self) {
         crate::platform::forward::tick();
     }
+
+    /// Out of descriptors with no HTTP connection to spare: a forwarded connection goes
+    /// (`crate::descriptors`).
+    fn shed_descriptor(&self) -> bool {
+        crate::platform::forward::shed()
+    }
 }
 
 fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {

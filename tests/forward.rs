@@ -257,7 +257,7 @@ fn a_listener_going_away_closes_its_forward_and_a_new_one_is_forwarded() {
 }
 
 /// The soft RLIMIT_NOFILE of this process, raised from outside (no unsafe in tests).
-fn raise_own_nofile(to: u64) {
+pub(crate) fn raise_own_nofile(to: u64) {
     let limit = |soft: bool| -> u64 {
         std::fs::read_to_string("/proc/self/limits")
             .ok()

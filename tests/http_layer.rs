@@ -313,6 +313,37 @@ fn a_flood_past_the_open_file_limit_does_not_stop_the_acceptor() {
 }
 
 #[test]
+fn unfinished_heads_past_the_open_file_limit_are_closed_oldest_first() {
+    // Every connection sends a head's first bytes, so none is idle; the header timeout is long,
+    // so none ends by itself while the test runs.
+    let daemon = builder()
+        .wrap_with_shell("ulimit -Sn 64 && ulimit -Hn 64 && exec")
+        .args(&["--header-timeout", "120"])
+        .start();
+    let mut flood = Vec::new();
+    for _ in 0..150 {
+        let Ok(mut stream) = std::net::TcpStream::connect(daemon.addr) else {
+            break;
+        };
+        let _ = stream.write_all(b"GET /health HTTP/1.1\r\nHo");
+        flood.push(stream);
+    }
+    daemon.log_with(|l| l.contains("accept failed"));
+    // The oldest unfinished heads are closed to make room, so a new client is served.
+    for _ in 0..5 {
+        assert_health_within(&daemon, Duration::from_secs(3));
+    }
+    // The first connections were the ones closed: their heads' ends go nowhere.
+    let mut first = flood.remove(0);
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = first.write_all(b"st: t\r\n\r\n");
+    let mut buf = [0u8; 1];
+    assert!(matches!(first.read(&mut buf), Ok(0) | Err(_)));
+}
+
+#[test]
 fn a_withheld_body_holds_no_worker_and_everyone_else_is_answered() {
     // One worker; a request whose body never comes waits in the event loop, not in the worker,
     // so 300 other clients are all answered, and the withheld body still completes later.

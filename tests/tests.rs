@@ -48,6 +48,8 @@ mod envd_compat;
 mod envd_cli;
 // Localhost port forwarding: servers on 127.0.0.1 and ::1 reached through 127.0.0.x.
 mod forward;
+// The forwarder's share of the open-file limit: /health answered with every forward taken.
+mod forward_exhaust;
 // --fs-as-user: file routes and filesystem calls with the caller's rights; workers back to root.
 mod fs_as_user;
 // Hostile and broken clients, each answer exact, /health still served.

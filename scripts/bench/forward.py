@@ -11,6 +11,7 @@ bench_row. Stdlib only.
 import json, multiprocessing, random, os, socket, statistics, subprocess, sys, threading, time
 
 from benchrow import bench_row
+from forwardlib import wait_forwarded
 
 PORT, TOKEN, PID, OFF_PID = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 FWD, SOCAT_IP, OFF_PORT, LOG = sys.argv[5], sys.argv[6], int(sys.argv[7]), sys.argv[8]
@@ -110,13 +111,7 @@ def socat(port):
 
 
 def forward_of(port):
-    for _ in range(2000):
-        try:
-            socket.create_connection((FWD, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.005)
-    raise RuntimeError(f"port {port} not forwarded")
+    wait_forwarded(FWD, port)
 
 
 def sink_loop(server, results):

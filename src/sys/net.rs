@@ -13,10 +13,9 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{check, check_size};
 
-/// A non-blocking TCP socket connecting to `addr`: `true` with it when the connection is
-/// already made (loopback often is), `false` while it is under way (`EINPROGRESS`: writable
-/// once done, `take_error` then says how it ended).
-pub fn connect_nonblocking(addr: SocketAddr) -> io::Result<(TcpStream, bool)> {
+/// A non-blocking TCP socket of `addr`'s family, not connected yet, so that its descriptor can
+/// be judged before anything is sent; [`connect_nonblocking`] connects it.
+pub fn tcp_socket_for(addr: SocketAddr) -> io::Result<TcpStream> {
     let family = match addr {
         SocketAddr::V4(_) => libc::AF_INET,
         SocketAddr::V6(_) => libc::AF_INET6,
@@ -25,7 +24,13 @@ pub fn connect_nonblocking(addr: SocketAddr) -> io::Result<(TcpStream, bool)> {
     // SAFETY: socket takes no pointers; a non-negative result is a new descriptor.
     let fd = check(unsafe { libc::socket(family, kind, 0) })?;
     // SAFETY: `fd` was just returned by the kernel and is wrapped exactly once.
-    let stream = TcpStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(TcpStream::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Connects `stream` (non-blocking, of [`tcp_socket_for`]) to `addr`: `true` when the
+/// connection is already made (loopback often is), `false` while it is under way
+/// (`EINPROGRESS`: writable once done, `take_error` then says how it ended).
+pub fn connect_nonblocking(stream: &TcpStream, addr: SocketAddr) -> io::Result<bool> {
     let (storage, len) = sockaddr(addr);
     // SAFETY: `storage` holds a sockaddr_in or sockaddr_in6 of `len` bytes, initialised by
     // `sockaddr`, alive for the call and only read by the kernel.
@@ -37,8 +42,8 @@ pub fn connect_nonblocking(addr: SocketAddr) -> io::Result<(TcpStream, bool)> {
         )
     };
     match check(ret) {
-        Ok(_) => Ok((stream, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok((stream, false)),
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -270,7 +275,9 @@ mod tests {
     #[test]
     fn a_connection_started_without_waiting_reaches_a_loopback_listener() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let (mut stream, done) = connect_nonblocking(listener.local_addr().unwrap()).unwrap();
+        let to = listener.local_addr().unwrap();
+        let mut stream = tcp_socket_for(to).unwrap();
+        let done = connect_nonblocking(&stream, to).unwrap();
         let (mut accepted, _) = listener.accept().unwrap();
         if !done {
             let fd = std::os::fd::AsFd::as_fd(&stream);
@@ -288,9 +295,10 @@ mod tests {
     fn a_refused_connection_is_an_error() {
         let port = TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap();
         // The listener is closed: nothing listens on the port now.
-        match connect_nonblocking(port) {
+        let stream = tcp_socket_for(port).unwrap();
+        match connect_nonblocking(&stream, port) {
             Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED)),
-            Ok((stream, _)) => {
+            Ok(_) => {
                 let fd = std::os::fd::AsFd::as_fd(&stream);
                 crate::sys::poll::poll_ready(&[(fd, crate::sys::poll::Interest::Write)], None)
                     .unwrap();

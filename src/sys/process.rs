@@ -16,16 +16,26 @@ pub fn started_nofile_limit() -> Option<(u64, u64)> {
     STARTED_NOFILE.get().copied()
 }
 
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft limit. The limit
-/// found is remembered first ([`started_nofile_limit`]).
-pub fn raise_nofile_limit() -> io::Result<u64> {
+/// The `RLIMIT_NOFILE` now (soft, hard).
+pub fn nofile_limit() -> io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `limit` is a valid rlimit the kernel writes into.
     check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) })?;
-    let _ = STARTED_NOFILE.set((limit.rlim_cur, limit.rlim_max));
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft limit. The limit
+/// found is remembered first ([`started_nofile_limit`]).
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let (soft, hard) = nofile_limit()?;
+    let _ = STARTED_NOFILE.set((soft, hard));
+    let mut limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     if limit.rlim_cur < limit.rlim_max {
         limit.rlim_cur = limit.rlim_max;
         // SAFETY: `limit` is a valid, initialised rlimit the kernel only reads.

@@ -35,6 +35,15 @@ pub trait Handler: Send + Sync + 'static {
     /// often when a timeout is short), for the application's own periodic work, so an idle
     /// server wakes no more often for it. Must not block for long: deadlines wait meanwhile.
     fn tick(&self) {}
+
+    /// The server ran out of descriptors (`EMFILE` on accept) and has neither an idle
+    /// connection nor an unfinished head of its own to close: the application may give up one
+    /// of its own descriptors (sandboxd: a forwarded connection). True when it did or is about
+    /// to (the server tries to accept again a moment later); false, the default: it has none,
+    /// and the server backs off as after any accept error. Called from a worker; must not block.
+    fn shed_descriptor(&self) -> bool {
+        false
+    }
 }
 
 /// How a request goes on after its head.

@@ -41,7 +41,9 @@
 //!   header deadline, which runs from the first byte (from accept for a new connection). The
 //!   search for the blank line that ends a head resumes where it stopped, so a trickled head
 //!   is scanned once. All incomplete heads together have a byte budget; past it the oldest is
-//!   closed. A refused head (malformed, 431, no valid `Host` in HTTP/1.1, bad framing,
+//!   closed. Out of descriptors on accept, the oldest idle connection is closed, else the
+//!   oldest incomplete head, else the application is asked to give one up
+//!   ([`Handler::shed_descriptor`]). A refused head (malformed, 431, no valid `Host` in HTTP/1.1, bad framing,
 //!   `Transfer-Encoding` in HTTP/1.0) is answered, logged and closed.
 //! - **Body**: the handler wants the body. Bytes are fed to the consumer as they arrive
 //!   (`100 Continue` first when asked for); parked for reading between arrivals. A gap longer

@@ -10,8 +10,9 @@
 //! - [`handover`]: the forwards across a live upgrade (listeners and open connections).
 //!
 //! One forwarder per daemon, started by [`start`] once the daemon listens (with what a
-//! previous image handed over, if any); the HTTP layer's timekeeper calls [`tick`] and the
-//! process service [`nudge`].
+//! previous image handed over, if any); the HTTP layer's timekeeper calls [`tick`], the
+//! process service [`nudge`], and the HTTP layer's accept, out of descriptors, [`shed`]. Its
+//! descriptors come from its share of the open-file limit ([`crate::descriptors`]).
 
 pub mod handover;
 pub mod proc_net;
@@ -33,7 +34,8 @@ static RUNNING: OnceLock<Arc<Supervisor>> = OnceLock::new();
 /// serves on without it).
 pub fn start(settings: Settings) {
     let started = Supervisor::new(settings).and_then(|supervisor| {
-        let mut relay = relay::Relay::new(settings.max_connections)?;
+        let share = relay::share::Share::new(&settings.budget);
+        let mut relay = relay::Relay::new(settings.max_connections, share)?;
         relay.watch_wake(supervisor.wake.as_fd())?;
         if let Some(adopted) = handover::take_adopted() {
             supervisor.adopt(relay.take_over(adopted, settings.address));
@@ -48,6 +50,15 @@ pub fn start(settings: Settings) {
     });
     match started {
         Ok(supervisor) => {
+            let budget = settings.budget;
+            log::line(format_args!(
+                "forwarding takes at most {} descriptors (half the open-file limit of {}), none \
+                 numbered {} or above: {} are kept for the HTTP server",
+                budget.forward_share,
+                budget.limit,
+                budget.forward_ceiling(),
+                budget.reserve
+            ));
             // The first scan at once rather than at the first tick.
             supervisor.nudge();
             let _ = RUNNING.set(supervisor);
@@ -65,6 +76,7 @@ fn run(supervisor: &Supervisor, mut relay: relay::Relay) {
                 relay.apply(command);
             }
         }
+        supervisor.set_connections(relay.connections());
         // A scan from the timekeeper queues commands too: the eventfd says so.
         timeout = supervisor.fast_scan();
         for command in supervisor.take_commands() {
@@ -98,6 +110,12 @@ pub fn nudge() {
     if let Some(supervisor) = running() {
         supervisor.nudge();
     }
+}
+
+/// The HTTP server is out of descriptors: a forwarded connection is given up (by the
+/// forwarder's thread, a moment later). False when forwarding is off or holds none.
+pub fn shed() -> bool {
+    running().is_some_and(Supervisor::shed)
 }
 
 /// A started process wrote output (a server announcing itself): it may be about to listen.

@@ -19,19 +19,30 @@
 //!
 //! Across a live upgrade ([`carried`]) the relay is parked between two turns and its
 //! listeners, connections and pipes cross the `execve` as descriptors.
+//!
+//! Its descriptors come from its share of the open-file limit ([`share`]): past the share, or
+//! when a descriptor it is given is numbered into the HTTP server's reserve, a connection is
+//! accepted and closed at once like one past the cap per port; and when the HTTP server has
+//! no descriptor left anyway, it gives up the connection idle longest ([`Relay::shed`]).
+//!
+//! - [`pump`]: one connection and the moving of its bytes.
 
 mod carried;
+mod pump;
+pub mod share;
 
 pub use carried::Restored;
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::log;
 use crate::sys::epoll::{Epoll, EDGE_ALL, EDGE_IN};
-use crate::sys::net::{connect_nonblocking, reset_on_close, splice, splice_pipe};
+use crate::sys::net::{connect_nonblocking, reset_on_close, tcp_socket_for};
+use pump::{Flow, Pair, Progress};
+use share::Share;
 
 /// The scratch buffer every transfer reads into.
 const SCRATCH: usize = 128 << 10;
@@ -44,7 +55,8 @@ const ACCEPTS_PER_TURN: usize = 64;
 /// The token of the supervisor's eventfd.
 pub const WAKE: u64 = 0;
 const LISTENER: u64 = 1 << 63;
-/// Refusals of one port are logged at most this often (the rest are counted in the next line).
+/// Refusals of one port, and connections given up, are logged at most this often (the rest
+/// are counted in the next line).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// What the supervisor asks of the relay.
@@ -56,6 +68,8 @@ pub enum Command {
     },
     /// Close the listener of this port and every connection it accepted.
     Close { port: u16 },
+    /// The HTTP server is out of descriptors: give up a connection ([`Relay::shed`]).
+    Shed,
 }
 
 struct Port {
@@ -63,48 +77,41 @@ struct Port {
     listener: TcpListener,
     upstream: SocketAddr,
     open: usize,
-    refused_unlogged: u64,
-    last_refusal_log: Option<Instant>,
+    refused: Said,
     /// The upstream's refusal was logged; said again only after a connection got through.
     unreachable_said: bool,
 }
 
-/// One direction of a connection.
+/// A line logged at most every [`REFUSAL_LOG_EVERY`], counting what happened since the last.
 #[derive(Default)]
-struct Flow {
-    /// Read but not yet written.
-    pending: Vec<u8>,
-    /// A bulk direction's pipe (read end, write end): bytes then move by `splice`, socket to
-    /// pipe to socket, without a copy through the daemon's memory. Made when a read fills the
-    /// whole scratch buffer, kept while the connection lasts.
-    pipe: Option<(OwnedFd, OwnedFd)>,
-    /// Bytes in the pipe, not yet spliced on.
-    in_pipe: usize,
-    /// The source ended (or failed to be read from).
-    eof: bool,
-    /// The end was passed on.
-    shut: bool,
+struct Said {
+    unlogged: u64,
+    last: Option<Instant>,
 }
 
-struct Pair {
-    port: u16,
-    client: TcpStream,
-    upstream: TcpStream,
-    connected: bool,
-    /// Client to upstream, upstream to client.
-    flows: [Flow; 2],
+impl Said {
+    /// Counts one more; true when a line is due now (with the count in `self.unlogged`, reset
+    /// by [`Said::logged`]).
+    fn due(&mut self, now: Instant) -> bool {
+        self.unlogged += 1;
+        self.last
+            .is_none_or(|at| now.duration_since(at) >= REFUSAL_LOG_EVERY)
+    }
+
+    fn logged(&mut self, now: Instant) {
+        self.unlogged = 0;
+        self.last = Some(now);
+    }
 }
 
-enum Progress {
-    /// Both directions wait for readiness (or have ended).
-    Waiting,
-    /// The turn's bytes ran out with more to move.
-    More,
-    /// Closed both ways, or the upstream could not be reached: close the pair.
-    Finished,
-    /// Moving bytes failed: close the pair with a reset both ways (a peer must not take the
-    /// cut stream for a whole one).
-    Failed,
+/// Why a connection is closed as soon as it is accepted.
+enum Refusal {
+    /// `--forward-max-connections` are open through its port.
+    PortCap,
+    /// The forwarder's share of descriptors is held.
+    Share,
+    /// Its descriptor is numbered into the HTTP server's reserve.
+    Ceiling,
 }
 
 pub struct Relay {
@@ -119,10 +126,14 @@ pub struct Relay {
     again: Vec<u64>,
     events: Vec<u64>,
     per_port: usize,
+    share: Share,
+    /// Read once a turn: when each connection last had an event.
+    now: Instant,
+    shed: Said,
 }
 
 impl Relay {
-    pub fn new(per_port: usize) -> io::Result<Relay> {
+    pub fn new(per_port: usize, share: Share) -> io::Result<Relay> {
         Ok(Relay {
             epoll: Epoll::new()?,
             ports: Vec::new(),
@@ -132,6 +143,9 @@ impl Relay {
             again: Vec::new(),
             events: Vec::with_capacity(256),
             per_port,
+            share,
+            now: Instant::now(),
+            shed: Said::default(),
         })
     }
 
@@ -140,10 +154,18 @@ impl Relay {
         self.epoll.add(fd, WAKE, EDGE_IN)
     }
 
+    /// Connections open through the forwards.
+    pub fn connections(&self) -> usize {
+        self.pairs.len() - self.free.len()
+    }
+
     pub fn apply(&mut self, command: Command) {
         match command {
             Command::Open { listener, upstream } => self.open(listener, upstream),
             Command::Close { port } => self.close_port(port),
+            Command::Shed => {
+                self.shed();
+            }
         }
     }
 
@@ -158,26 +180,80 @@ impl Relay {
             ));
             return;
         }
-        self.ports.retain(|p| p.port != port);
+        self.close_listener(port);
+        self.share.take(1);
         self.ports.push(Port {
             port,
             listener,
             upstream,
             open: 0,
-            refused_unlogged: 0,
-            last_refusal_log: None,
+            refused: Said::default(),
             unreachable_said: false,
         });
     }
 
-    fn close_port(&mut self, port: u16) {
+    /// Drops the listener of `port`, if any.
+    fn close_listener(&mut self, port: u16) {
+        let before = self.ports.len();
         self.ports.retain(|p| p.port != port);
-        for (index, slot) in self.pairs.iter_mut().enumerate() {
-            if slot.as_ref().is_some_and(|pair| pair.port == port) {
-                *slot = None;
-                self.free.push(index);
+        self.share.give(before - self.ports.len());
+    }
+
+    fn close_port(&mut self, port: u16) {
+        self.close_listener(port);
+        for index in 0..self.pairs.len() {
+            if self.pairs[index]
+                .as_ref()
+                .is_some_and(|pair| pair.port == port)
+            {
+                self.remove(index, false);
             }
         }
+    }
+
+    /// Closes the connection numbered `index` (reset both ways when `reset`), giving its
+    /// descriptors back to the share and its place back to its port.
+    fn remove(&mut self, index: usize, reset: bool) {
+        let Some(pair) = self.pairs.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        if reset {
+            let _ = reset_on_close(&pair.client);
+            let _ = reset_on_close(&pair.upstream);
+        }
+        self.share.give(pair.descriptors());
+        self.free.push(index);
+        if let Some(entry) = self.ports.iter_mut().find(|p| p.port == pair.port) {
+            entry.open = entry.open.saturating_sub(1);
+        }
+    }
+
+    /// Gives up the connection that has waited longest for an event, reset both ways (its
+    /// peers see a cut stream, never a whole one), so that the HTTP server gets a descriptor;
+    /// false when there is none.
+    pub fn shed(&mut self) -> bool {
+        let idlest = self
+            .pairs
+            .iter()
+            .enumerate()
+            .filter_map(|(index, pair)| Some((pair.as_ref()?.last_active, index)))
+            .min();
+        let Some((since, index)) = idlest else {
+            return false;
+        };
+        let port = self.pairs[index].as_ref().map_or(0, |pair| pair.port);
+        self.remove(index, true);
+        let now = Instant::now();
+        if self.shed.due(now) {
+            log::line(format_args!(
+                "forward :{port}: closed {} connection(s) to free descriptors for the HTTP \
+                 server (the open-file limit is reached); the last idle {} ms",
+                self.shed.unlogged,
+                now.duration_since(since).as_millis()
+            ));
+            self.shed.logged(now);
+        }
+        true
     }
 
     /// Waits at most `timeout` (none if work is left over) and moves what is ready; true when
@@ -193,6 +269,7 @@ impl Relay {
             log::line(format_args!("forward: epoll_wait failed: {e}"));
             std::thread::sleep(Duration::from_millis(100));
         }
+        self.now = Instant::now();
         let mut tokens: Vec<u64> = std::mem::take(&mut self.again);
         tokens.extend_from_slice(&events);
         self.events = events;
@@ -224,24 +301,31 @@ impl Relay {
                     return;
                 }
             };
-            if entry.open >= self.per_port {
-                entry.refused_unlogged += 1;
-                let now = Instant::now();
-                if entry
-                    .last_refusal_log
-                    .is_none_or(|at| now.duration_since(at) >= REFUSAL_LOG_EVERY)
-                {
-                    log::line(format_args!(
-                        "forward :{port}: refused {} connection(s): {} open, the cap per port",
-                        entry.refused_unlogged, self.per_port
-                    ));
-                    entry.refused_unlogged = 0;
-                    entry.last_refusal_log = Some(now);
-                }
-                continue;
-            }
             let upstream = entry.upstream;
-            let joined = connect_nonblocking(upstream).and_then(|(stream, connected)| {
+            let admitted = if entry.open >= self.per_port {
+                Err(Refusal::PortCap)
+            } else if !self.share.has_room(2) {
+                Err(Refusal::Share)
+            } else if !self.share.below_ceiling(client.as_fd()) {
+                Err(Refusal::Ceiling)
+            } else {
+                // Made before connecting, so that one numbered into the reserve is closed
+                // before the server sees a connection.
+                match tcp_socket_for(upstream) {
+                    Ok(stream) if self.share.below_ceiling(stream.as_fd()) => Ok(Ok(stream)),
+                    Ok(_) => Err(Refusal::Ceiling),
+                    Err(e) => Ok(Err(e)),
+                }
+            };
+            let stream = match admitted {
+                Ok(stream) => stream,
+                Err(refusal) => {
+                    refuse(entry, refusal, self.per_port, &self.share, self.now);
+                    continue;
+                }
+            };
+            let joined = stream.and_then(|stream| {
+                let connected = connect_nonblocking(&stream, upstream)?;
                 client.set_nonblocking(true)?;
                 let _ = client.set_nodelay(true);
                 let _ = stream.set_nodelay(true);
@@ -262,13 +346,8 @@ impl Relay {
                 }
             };
             entry.unreachable_said = false;
-            let pair = Pair {
-                port,
-                client,
-                upstream: stream,
-                connected,
-                flows: Default::default(),
-            };
+            let mut pair = Pair::new(port, client, stream, connected);
+            pair.last_active = self.now;
             if let Err(e) = place(&self.epoll, &mut self.pairs, &mut self.free, pair) {
                 log::line(format_args!(
                     "forward :{port}: cannot watch a connection: {e}"
@@ -276,6 +355,7 @@ impl Relay {
                 continue;
             }
             entry.open += 1;
+            self.share.take(2);
         }
         self.again.push(LISTENER | u64::from(port));
     }
@@ -287,35 +367,56 @@ impl Relay {
         let Some(Some(pair)) = self.pairs.get_mut(index) else {
             return;
         };
+        pair.last_active = self.now;
         let token = pair_token(index);
-        let progress = pair.step(&mut self.scratch);
-        match progress {
+        match pair.step(&mut self.scratch, &mut self.share) {
             Progress::Waiting => {}
             Progress::More => {
                 if !self.again.contains(&token) {
                     self.again.push(token);
                 }
             }
-            Progress::Finished | Progress::Failed => {
-                if matches!(progress, Progress::Failed) {
-                    let _ = reset_on_close(&pair.client);
-                    let _ = reset_on_close(&pair.upstream);
-                }
-                let port = pair.port;
-                self.pairs[index] = None;
-                self.free.push(index);
-                if let Some(entry) = self.ports.iter_mut().find(|p| p.port == port) {
-                    entry.open = entry.open.saturating_sub(1);
-                }
-            }
+            Progress::Finished => self.remove(index, false),
+            Progress::Failed => self.remove(index, true),
         }
     }
 
-    /// Connections open through the forwards (for tests).
-    #[cfg(test)]
-    fn open_pairs(&self) -> usize {
-        self.pairs.iter().flatten().count()
+    /// Counts the share's descriptors again from the structure (after a live upgrade's export,
+    /// which may make pipes, and its take-over).
+    fn recount(&mut self) {
+        let held = self.ports.len()
+            + self
+                .pairs
+                .iter()
+                .flatten()
+                .map(Pair::descriptors)
+                .sum::<usize>();
+        self.share.recount(held);
     }
+}
+
+/// Logs a refusal of `entry`'s, at most once a [`REFUSAL_LOG_EVERY`], with the count since.
+fn refuse(entry: &mut Port, refusal: Refusal, per_port: usize, share: &Share, now: Instant) {
+    if !entry.refused.due(now) {
+        return;
+    }
+    let (port, count) = (entry.port, entry.refused.unlogged);
+    match refusal {
+        Refusal::PortCap => log::line(format_args!(
+            "forward :{port}: refused {count} connection(s): {per_port} open, the cap per port"
+        )),
+        Refusal::Share => log::line(format_args!(
+            "forward :{port}: refused {count} connection(s): the forwarder holds {} \
+             descriptors, its share of the open-file limit",
+            share.held()
+        )),
+        Refusal::Ceiling => log::line(format_args!(
+            "forward :{port}: refused {count} connection(s): fewer than {} descriptors are \
+             free, the HTTP server's reserve",
+            share.reserve()
+        )),
+    }
+    entry.refused.logged(now);
 }
 
 /// Watches `pair`'s two sockets and keeps it in a free slot of `pairs`; its token.
@@ -355,145 +456,20 @@ fn pair_index(token: u64) -> usize {
     usize::try_from((token >> 1).saturating_sub(1)).unwrap_or(usize::MAX)
 }
 
-impl Pair {
-    fn step(&mut self, scratch: &mut [u8]) -> Progress {
-        if !self.connected {
-            match self.upstream.take_error() {
-                Ok(None) => {}
-                _ => return Progress::Finished,
-            }
-            // Connected once the peer address is known; until then still under way.
-            if self.upstream.peer_addr().is_err() {
-                return Progress::Waiting;
-            }
-            self.connected = true;
-        }
-        let mut budget = TURN_BYTES;
-        let [to_upstream, to_client] = &mut self.flows;
-        let a = pump(
-            &self.client,
-            &self.upstream,
-            to_upstream,
-            scratch,
-            &mut budget,
-        );
-        let b = pump(
-            &self.upstream,
-            &self.client,
-            to_client,
-            scratch,
-            &mut budget,
-        );
-        match (a, b) {
-            (Err(_), _) | (_, Err(_)) => Progress::Failed,
-            _ if to_upstream.shut && to_client.shut => Progress::Finished,
-            (Ok(true), _) | (_, Ok(true)) => Progress::More,
-            _ => Progress::Waiting,
-        }
-    }
-}
-
-/// Moves bytes from `src` to `dst` until one would wait, the source ends (passed on as a
-/// half-close) or `budget` runs out (then `Ok(true)`). An error means the pair is done.
-fn pump(
-    mut src: &TcpStream,
-    mut dst: &TcpStream,
-    flow: &mut Flow,
-    scratch: &mut [u8],
-    budget: &mut usize,
-) -> io::Result<bool> {
-    loop {
-        if flow.in_pipe > 0 {
-            let Some((pipe, _)) = &flow.pipe else {
-                return Err(io::Error::other("bytes counted in a pipe that is gone"));
-            };
-            match splice(pipe.as_fd(), dst.as_fd(), flow.in_pipe) {
-                Ok(n) => {
-                    flow.in_pipe = flow.in_pipe.saturating_sub(n);
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        if !flow.pending.is_empty() {
-            match dst.write(&flow.pending) {
-                Ok(n) if n == flow.pending.len() => {
-                    // Nothing held while nothing waits.
-                    flow.pending = Vec::new();
-                    continue;
-                }
-                Ok(n) => {
-                    flow.pending.drain(..n);
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        if flow.eof {
-            if !flow.shut {
-                flow.shut = true;
-                dst.shutdown(Shutdown::Write)?;
-            }
-            return Ok(false);
-        }
-        if *budget == 0 {
-            return Ok(true);
-        }
-        if let Some((_, pipe)) = &flow.pipe {
-            // The pipe is empty here: `WouldBlock` means the source has nothing.
-            match splice(src.as_fd(), pipe.as_fd(), PIPE_BYTES) {
-                // The end of the stream, or data the kernel would not splice while the peer's
-                // end was already queued (`tcp_splice_read` answers 0 then): the read below
-                // tells which, so no byte is taken for an end.
-                Ok(0) => {}
-                Ok(n) => {
-                    flow.in_pipe = n;
-                    *budget = budget.saturating_sub(n);
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => return Err(e),
-            }
-        }
-        let read = match src.read(scratch) {
-            Ok(0) => {
-                flow.eof = true;
-                continue;
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        *budget = budget.saturating_sub(read);
-        if read == scratch.len() && flow.pipe.is_none() {
-            // A bulk transfer: splice from now on (without a pipe, reads go on as before).
-            flow.pipe = splice_pipe(PIPE_BYTES).ok();
-        }
-        let written = match dst.write(&scratch[..read]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        if written < read {
-            flow.pending.extend_from_slice(&scratch[written..read]);
-            flow.pending.shrink_to_fit();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Shutdown;
+    use crate::descriptors::Budget;
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
 
     /// A relay forwarding a listener of its own on 127.0.0.1 to `upstream`; its address.
     fn relay_to(upstream: SocketAddr, per_port: usize) -> (Relay, SocketAddr) {
-        let mut relay = Relay::new(per_port).unwrap();
+        relay_with(upstream, per_port, Share::unlimited())
+    }
+
+    fn relay_with(upstream: SocketAddr, per_port: usize, share: Share) -> (Relay, SocketAddr) {
+        let mut relay = Relay::new(per_port, share).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let front = listener.local_addr().unwrap();
         // The relay keys ports by the upstream's port; the test's ports differ, so the
@@ -519,7 +495,7 @@ mod tests {
         let mut client = TcpStream::connect(front).unwrap();
         client.write_all(b"hello").unwrap();
         client.shutdown(Shutdown::Write).unwrap();
-        turn_until(&mut relay, |r| r.open_pairs() == 1);
+        turn_until(&mut relay, |r| r.connections() == 1);
         let (mut inside, _) = server.accept().unwrap();
         inside.set_nonblocking(true).unwrap();
         let mut got = Vec::new();
@@ -538,7 +514,7 @@ mod tests {
         inside.set_nonblocking(false).unwrap();
         inside.write_all(b"world").unwrap();
         drop(inside);
-        turn_until(&mut relay, |r| r.open_pairs() == 0);
+        turn_until(&mut relay, |r| r.connections() == 0);
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).unwrap();
         assert_eq!(answer, b"world");
@@ -560,11 +536,110 @@ mod tests {
         let server = TcpListener::bind("127.0.0.1:0").unwrap();
         let (mut relay, front) = relay_to(server.local_addr().unwrap(), 1);
         let _first = TcpStream::connect(front).unwrap();
-        turn_until(&mut relay, |r| r.open_pairs() == 1);
+        turn_until(&mut relay, |r| r.connections() == 1);
         let mut second = TcpStream::connect(front).unwrap();
         relay.turn(Some(Duration::from_millis(10)));
         let mut buf = [0u8; 1];
         assert!(matches!(second.read(&mut buf), Ok(0) | Err(_)));
-        assert_eq!(relay.open_pairs(), 1);
+        assert_eq!(relay.connections(), 1);
+    }
+
+    /// A share of `most` descriptors, with no ceiling to speak of.
+    fn share_of(most: usize) -> Share {
+        Share::new(&Budget {
+            limit: 1 << 30,
+            reserve: 1,
+            forward_share: most,
+        })
+    }
+
+    /// Whether the relay closed `stream` (an end of stream or a reset, within a second).
+    fn closed(stream: &mut TcpStream) -> bool {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        matches!(stream.read(&mut [0u8; 1]), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn the_share_of_descriptors_caps_the_connections_of_every_port() {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        // The listener and two connections: 5 descriptors.
+        let (mut relay, front) = relay_with(server.local_addr().unwrap(), 100, share_of(5));
+        assert_eq!(relay.share.held(), 1);
+        let first = TcpStream::connect(front).unwrap();
+        let _second = TcpStream::connect(front).unwrap();
+        turn_until(&mut relay, |r| r.connections() == 2);
+        assert_eq!(relay.share.held(), 5);
+        let mut third = TcpStream::connect(front).unwrap();
+        relay.turn(Some(Duration::from_millis(10)));
+        assert!(closed(&mut third), "past the share");
+        assert_eq!(relay.connections(), 2);
+        // One ends: its descriptors come back, and the next one is taken.
+        let mut inside: Vec<_> = (0..2).map(|_| server.accept().unwrap().0).collect();
+        drop(first);
+        drop(inside.remove(0));
+        turn_until(&mut relay, |r| r.connections() == 1);
+        assert_eq!(relay.share.held(), 3);
+        let _fourth = TcpStream::connect(front).unwrap();
+        turn_until(&mut relay, |r| r.connections() == 2);
+        assert_eq!(relay.share.held(), 5);
+        relay.recount();
+        assert_eq!(
+            relay.share.held(),
+            5,
+            "the count kept is the count made again"
+        );
+    }
+
+    #[test]
+    fn a_descriptor_numbered_into_the_reserve_is_refused() {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        // A ceiling of 3: every descriptor this process gets now is above it.
+        let share = Share::new(&Budget {
+            limit: 13,
+            reserve: 10,
+            forward_share: 1000,
+        });
+        let (mut relay, front) = relay_with(server.local_addr().unwrap(), 100, share);
+        let mut client = TcpStream::connect(front).unwrap();
+        relay.turn(Some(Duration::from_millis(10)));
+        assert!(closed(&mut client));
+        assert_eq!((relay.connections(), relay.share.held()), (0, 1));
+        server.set_nonblocking(true).unwrap();
+        assert!(
+            server.accept().is_err(),
+            "the server never saw a connection"
+        );
+    }
+
+    #[test]
+    fn shedding_resets_the_connection_idle_longest_and_gives_its_descriptors_back() {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut relay, front) = relay_to(server.local_addr().unwrap(), 8);
+        let mut idle = TcpStream::connect(front).unwrap();
+        turn_until(&mut relay, |r| r.connections() == 1);
+        let (_idle_inside, _) = server.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let mut busy = TcpStream::connect(front).unwrap();
+        turn_until(&mut relay, |r| r.connections() == 2);
+        let (mut busy_inside, _) = server.accept().unwrap();
+        busy_inside.set_nonblocking(true).unwrap();
+        let mut got = [0u8; 1];
+        busy.write_all(b"x").unwrap();
+        turn_until(&mut relay, |_| {
+            busy_inside.read(&mut got).is_ok_and(|n| n == 1)
+        });
+        assert_eq!(relay.share.held(), 5);
+        assert!(relay.shed());
+        assert_eq!((relay.connections(), relay.share.held()), (1, 3));
+        assert!(closed(&mut idle));
+        busy.write_all(b"y").unwrap();
+        turn_until(&mut relay, |_| {
+            busy_inside.read(&mut got).is_ok_and(|n| n == 1)
+        });
+        assert_eq!(&got, b"y", "the busy one goes on");
+        assert!(relay.shed());
+        assert!(!relay.shed(), "none left");
     }
 }

@@ -12,11 +12,13 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::relay::Command;
 use super::scan::{self, Forwards, Scanner};
+use crate::descriptors::Budget;
 use crate::log;
 use crate::sys::poll::EventFd;
 
@@ -37,7 +39,10 @@ pub struct Settings {
     /// The daemon's own port, never forwarded.
     pub own_port: u16,
     pub max_ports: usize,
+    /// Most connections through one port.
     pub max_connections: usize,
+    /// The open-file budget: the forwarder's share of descriptors and its ceiling.
+    pub budget: Budget,
 }
 
 pub struct Supervisor {
@@ -46,6 +51,8 @@ pub struct Supervisor {
     /// Commands for the relay, taken by its thread when [`Supervisor::wake`] fires.
     inbox: Mutex<Vec<Command>>,
     pub wake: EventFd,
+    /// Connections open through the forwards, as the relay's thread last counted them.
+    connections: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -73,6 +80,7 @@ impl Supervisor {
             state: Mutex::new(State::default()),
             inbox: Mutex::new(Vec::new()),
             wake: EventFd::new()?,
+            connections: AtomicUsize::new(0),
         })
     }
 
@@ -83,6 +91,29 @@ impl Supervisor {
     /// The commands waiting for the relay.
     pub fn take_commands(&self) -> Vec<Command> {
         std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// For the relay's thread, after each turn: how many connections are open.
+    pub fn set_connections(&self, open: usize) {
+        self.connections.store(open, Ordering::Relaxed);
+    }
+
+    /// The HTTP server is out of descriptors: asks the relay to give up a connection. False
+    /// when none is open (as last counted).
+    pub fn shed(&self) -> bool {
+        if self.connections.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.queue(vec![Command::Shed]);
+        true
+    }
+
+    fn queue(&self, commands: Vec<Command>) {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(commands);
+        let _ = self.wake.signal();
     }
 
     /// Stops scanning (`true`: a live upgrade hands the forwards over; a scan under way
@@ -250,11 +281,7 @@ impl Supervisor {
         }
         state.over_cap = plan.over_cap;
         if !commands.is_empty() {
-            self.inbox
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(commands);
-            let _ = self.wake.signal();
+            self.queue(commands);
         }
     }
 }
@@ -285,6 +312,7 @@ mod tests {
             own_port: 1,
             max_ports: 4,
             max_connections: 4,
+            budget: Budget::new(1024, 1),
         })
         .unwrap()
     }

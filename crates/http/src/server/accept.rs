@@ -1,7 +1,8 @@
 //! Accepting connections: a new one is run at once by the worker that accepted it. Accept
-//! errors never stop the server: one that concerns an aborted connection is ignored, running
-//! out of descriptors closes the oldest idle connection, and anything else pauses accepting
-//! for a moment (the timekeeper resumes it).
+//! errors never stop the server: one that concerns an aborted connection is ignored; running
+//! out of descriptors frees one (the oldest idle connection, else the oldest unfinished head,
+//! else whatever the application gives up: [`Handler::shed_descriptor`]) and tries again; and
+//! anything else pauses accepting for a moment (the timekeeper resumes it).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -13,8 +14,11 @@ use super::{lock, Connection, Shared, LISTENER, WANT_IN};
 use crate::conn::Conn;
 use crate::handler::Handler;
 
-/// Pause after an accept error that closing an idle connection could not cure.
+/// Pause after an accept error that closing a connection could not cure.
 pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Pause after the application was asked to give up a descriptor, which its own thread does a
+/// moment later.
+const SHED_WAIT: Duration = Duration::from_millis(2);
 
 impl<H: Handler> Shared<H> {
     pub(super) fn accept(&self, worker: &mut Worker) {
@@ -52,18 +56,34 @@ impl<H: Handler> Shared<H> {
                     self.handler
                         .notice(format_args!("accept failed: {e}; retrying"));
                 }
-                let freed = is_resource_exhaustion(&e) && {
-                    let closed = lock(&self.slots).close_oldest_idle();
-                    closed.is_some()
-                };
-                if freed {
-                    self.rearm_listener();
+                let retry = if is_resource_exhaustion(&e) {
+                    self.free_descriptor()
                 } else {
-                    *lock(&self.accept_paused_until) = Some(Instant::now() + ACCEPT_BACKOFF);
-                    self.timekeeper.notify_all();
+                    None
+                };
+                match retry {
+                    Some(Duration::ZERO) => self.rearm_listener(),
+                    wait => {
+                        let wait = wait.unwrap_or(ACCEPT_BACKOFF);
+                        *lock(&self.accept_paused_until) = Some(Instant::now() + wait);
+                        self.timekeeper.notify_all();
+                    }
                 }
             }
         }
+    }
+
+    /// Frees a descriptor for the next accept: a parked connection of the server's own closed
+    /// at once (`Some(ZERO)`), else one the application gives up, closed by its own thread in
+    /// a moment (`Some(SHED_WAIT)`); `None` when neither has one.
+    fn free_descriptor(&self) -> Option<Duration> {
+        let evicted = lock(&self.slots).evict_for_descriptor();
+        if evicted.is_some() {
+            // Closed outside the lock.
+            drop(evicted);
+            return Some(Duration::ZERO);
+        }
+        self.handler.shed_descriptor().then_some(SHED_WAIT)
     }
 
     pub(super) fn rearm_listener(&self) {

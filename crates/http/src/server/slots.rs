@@ -161,18 +161,24 @@ impl Slots {
         })
     }
 
-    /// Removes the idle connection parked longest, to free a descriptor.
-    pub(super) fn close_oldest_idle(&mut self) -> Option<Connection> {
-        let oldest = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter_map(|(index, slot)| match &slot.state {
-                State::Parked(p) if p.connection.conn.is_idle() => Some((p.since, index)),
-                _ => None,
-            })
-            .min()?;
-        self.remove(oldest.1)
+    /// Removes a parked connection to free a descriptor: the idle one parked longest, else the
+    /// one that has waited longest in the middle of a head (a client that began a request and
+    /// stopped: the local user's slowloris, never a request the daemon owes an answer to).
+    pub(super) fn evict_for_descriptor(&mut self) -> Option<Connection> {
+        let oldest = |wanted: fn(&Parked) -> bool| {
+            self.entries
+                .iter()
+                .enumerate()
+                .filter_map(|(index, slot)| match &slot.state {
+                    State::Parked(p) if wanted(p) => Some((p.since, index)),
+                    _ => None,
+                })
+                .min()
+                .map(|(_, index)| index)
+        };
+        let index = oldest(|p| p.connection.conn.is_idle())
+            .or_else(|| oldest(|p| p.connection.conn.awaits_head()))?;
+        self.remove(index)
     }
 
     /// Connections whose deadline passed while the peer did nothing, made busy. One whose socket

@@ -54,6 +54,8 @@ impl Relay {
                 Err(e) => said(pair.port, "cannot carry a connection", &e),
             }
         }
+        // Pipes were made for what directions held in memory.
+        self.recount();
         forwards
     }
 
@@ -86,11 +88,21 @@ impl Relay {
                 said(port, "a carried connection is over the cap", &"closed");
                 continue;
             }
+            let descriptors = pair.descriptors();
+            if !self.share.has_room(descriptors) {
+                said(
+                    port,
+                    "a carried connection is over the forwarder's share of descriptors",
+                    &"closed",
+                );
+                continue;
+            }
             match place(&self.epoll, &mut self.pairs, &mut self.free, pair) {
                 Ok(token) => {
                     if let Some(entry) = entry {
                         entry.open += 1;
                     }
+                    self.share.take(descriptors);
                     // Moved at the first turn, whatever happened while nobody watched.
                     self.again.push(token);
                 }
@@ -248,13 +260,9 @@ fn pair_of(
         _ => return Err("not two directions"),
     };
     let (to_upstream, to_client) = (to_upstream?, to_client?);
-    Ok(Pair {
-        port,
-        client,
-        upstream,
-        connected: carried.connected,
-        flows: [to_upstream, to_client],
-    })
+    let mut pair = Pair::new(port, client, upstream, carried.connected);
+    pair.flows = [to_upstream, to_client];
+    Ok(pair)
 }
 
 fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, &'static str> {
@@ -286,6 +294,7 @@ fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, &'s
 
 #[cfg(test)]
 mod tests {
+    use super::super::share::Share;
     use super::*;
     use std::io::Read;
     use std::os::fd::IntoRawFd;
@@ -425,7 +434,7 @@ mod tests {
         let address = front.local_addr().unwrap();
         let server = TcpListener::bind("127.0.0.1:0").unwrap();
         let target = server.local_addr().unwrap();
-        let mut old = Relay::new(8).unwrap();
+        let mut old = Relay::new(8, Share::unlimited()).unwrap();
         old.open(front, target);
         let (client, mut client_peer) = sockets();
         let upstream = TcpStream::connect(target).unwrap();
@@ -439,13 +448,9 @@ mod tests {
         pending_into_pipe(&mut held);
         assert_eq!((held.in_pipe, held.pending.len()), (14, 0));
         held.pending = b", then more".to_vec();
-        old.pairs.push(Some(Pair {
-            port: target.port(),
-            client,
-            upstream,
-            connected: true,
-            flows: [held, Flow::default()],
-        }));
+        let mut pair = Pair::new(target.port(), client, upstream, true);
+        pair.flows = [held, Flow::default()];
+        old.pairs.push(Some(pair));
         let mut carry = Carry::new();
         let forwards = old.export(&mut carry);
         assert_eq!(forwards.len(), 1);
@@ -463,7 +468,7 @@ mod tests {
         let mut inherited = Inherited::claim(&numbers);
         let (restored, adopted) = Restored::from_handover(&forwards, &mut inherited);
         assert_eq!((adopted.listeners, adopted.connections), (1, 1));
-        let mut new = Relay::new(8).unwrap();
+        let mut new = Relay::new(8, Share::unlimited()).unwrap();
         let served = new.take_over(restored, address.ip());
         assert_eq!(served, vec![(target.port(), target)]);
         inside
@@ -500,7 +505,7 @@ mod tests {
             listeners: vec![(elsewhere, target)],
             pairs: Vec::new(),
         };
-        let mut other = Relay::new(8).unwrap();
+        let mut other = Relay::new(8, Share::unlimited()).unwrap();
         assert!(other
             .take_over(restored, "127.0.0.2".parse().unwrap())
             .is_empty());
