@@ -218,14 +218,32 @@ impl SortedNames {
 // Called from several handlers: one copy in the binary, not one inlined into each.
 #[inline(never)]
 pub fn remove_all(parent: &Dir, name: &OsStr) -> io::Result<()> {
+    remove_tree(parent, name, None)
+}
+
+/// [`remove_all`] of a directory the caller made, only while `name` is still that directory
+/// (`id`: device, inode): whatever else is found there (a directory a local user renamed in
+/// meanwhile) is left, and the error says so.
+pub fn remove_own_dir(parent: &Dir, name: &OsStr, id: (u64, u64)) -> io::Result<()> {
+    remove_tree(parent, name, Some(id))
+}
+
+fn remove_tree(parent: &Dir, name: &OsStr, expected: Option<(u64, u64)>) -> io::Result<()> {
+    let replaced = || io::Error::other("the directory was replaced by another entry");
     if !parent.stat_at(name, false)?.is_dir() {
+        if expected.is_some() {
+            return Err(replaced());
+        }
         return parent.remove(name, false);
     }
     let top = match parent.open_dir(name, false) {
         Ok(top) => top,
-        Err(err) if not_a_dir(&err) => return parent.remove(name, false),
+        Err(err) if not_a_dir(&err) && expected.is_none() => return parent.remove(name, false),
         Err(err) => return Err(err),
     };
+    if expected.is_some_and(|id| top.stat().map(|stat| stat.id()).ok() != Some(id)) {
+        return Err(replaced());
+    }
     let names = top.names()?;
     let mut descent = Descent::new(top, (name.to_os_string(), names))?;
     while let Some((dir, (_, names))) = descent.current() {
@@ -395,6 +413,37 @@ mod tests {
         remove_all(&top, OsStr::new("keep")).unwrap();
         let err = remove_all(&top, OsStr::new("keep")).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn an_own_directory_replaced_under_its_name_is_left_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = Dir::open(tmp.path()).unwrap();
+        top.mkdir(OsStr::new("made"), 0o700).unwrap();
+        let made = top.open_dir(OsStr::new("made"), false).unwrap();
+        let id = made.stat().unwrap().id();
+        std::fs::write(tmp.path().join("made/inside"), b"ours").unwrap();
+        // A local user's swap: the directory made goes, another takes its name.
+        std::fs::rename(tmp.path().join("made"), tmp.path().join("moved")).unwrap();
+        std::fs::create_dir(tmp.path().join("made")).unwrap();
+        std::fs::write(tmp.path().join("made/victim"), b"theirs").unwrap();
+        let err = remove_own_dir(&top, OsStr::new("made"), id).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the directory was replaced by another entry"
+        );
+        assert_eq!(
+            std::fs::read(tmp.path().join("made/victim")).unwrap(),
+            b"theirs"
+        );
+        std::fs::write(tmp.path().join("file"), b"").unwrap();
+        assert!(remove_own_dir(&top, OsStr::new("file"), id).is_err());
+        assert!(tmp.path().join("file").exists());
+        // The directory made, under its name again: removed whole.
+        std::fs::rename(tmp.path().join("made"), tmp.path().join("other")).unwrap();
+        std::fs::rename(tmp.path().join("moved"), tmp.path().join("made")).unwrap();
+        remove_own_dir(&top, OsStr::new("made"), id).unwrap();
+        assert!(!tmp.path().join("made").exists());
     }
 
     #[test]

@@ -185,6 +185,13 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// This directory itself as a read-only `File` (for `fchown`, `fchmod`, times and
+    /// attributes), opened through its descriptor: no name is looked up.
+    pub fn reopen(&self) -> io::Result<File> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        Ok(File::from(self.openat(c".", flags, 0)?))
+    }
+
     /// Creates the regular file `name` for reading and writing, with `mode` less the umask;
     /// `EEXIST` if anything (a symlink included) is there.
     pub fn create_file(&self, name: &OsStr, mode: u32) -> io::Result<File> {

@@ -6,9 +6,8 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::FileTimes;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use super::{held, os, system_time, Placement, Unpack};
 use crate::fs::dirs::DIR_MODE;
@@ -18,9 +17,24 @@ use crate::sys::dir::{Dir, Touch};
 
 /// Makes the directory `name` in `dir`, mode 0700 (nobody else enters it while it fills), and
 /// opens it without following anything.
+/// Makes `name` in `dir`, 0700, and opens it following no link: only if what is opened is
+/// still a directory this thread's filesystem user owns, 0700 (a set-group-ID bit inherited from `dir` aside) and empty (the one just made, or
+/// one no different from it), else `AlreadyExists`: a directory a local user renamed in
+/// between the two calls is never written into nor set up.
 pub(super) fn make_private_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
     dir.mkdir(name, 0o700)?;
-    dir.open_dir(name, false)
+    let made = dir.open_dir(name, false)?;
+    let stat = made.stat()?;
+    let ours = stat.uid == crate::sys::creds::fsuid()
+        && stat.mode & 0o777 == 0o700
+        && made.names()?.is_empty();
+    if !ours {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the directory made was replaced by another meanwhile",
+        ));
+    }
+    Ok(made)
 }
 
 impl Unpack {
@@ -66,7 +80,9 @@ impl Unpack {
     /// Renames one placement into place; the directory it went into.
     fn place(&mut self, placement: &Placement, all: &[Placement]) -> Result<Vec<u8>, FsError> {
         match placement {
-            Placement::Dir { parent, temp, name } => {
+            Placement::Dir {
+                parent, temp, name, ..
+            } => {
                 let dir = self.dir_at(parent)?;
                 let path = self.placed_path(parent, name);
                 dir.rename_new(temp, &dir, name).map_err(|e| {
@@ -177,26 +193,33 @@ impl Unpack {
             }
             let path = self.path_of(&rel);
             let fail = |e: io::Error| FsError::io(e, format!("setting up '{}'", path.display()));
-            let (parent, on_disk): (Arc<Dir>, _) = match () {
-                _ if rel.is_empty() => match (&self.parent, &self.root_temp) {
-                    (Some(parent), Some((temp, _))) => {
-                        (Arc::new(parent.try_clone().map_err(fail)?), temp.clone())
-                    }
-                    _ => continue,
-                },
-                _ => {
-                    let (parent_rel, name) = split(&rel);
-                    let node = self.dir(&rel);
-                    let on_disk = match node.and_then(|n| n.temp.clone()) {
-                        Some(temp) => temp,
-                        None => os(name).to_os_string(),
-                    };
-                    (self.dir_at(parent_rel)?, on_disk)
+            let file = if rel.is_empty() {
+                // The new tree's top, under its temporary name in a directory a local user may
+                // write: set up through the descriptor held since it was made, never by name.
+                if self.root_temp.is_none() {
+                    continue;
                 }
+                self.root.reopen().map_err(fail)?
+            } else {
+                let (parent_rel, name) = split(&rel);
+                let on_disk = match self.dir(&rel).and_then(|n| n.temp.clone()) {
+                    Some(temp) => temp,
+                    None => os(name).to_os_string(),
+                };
+                self.dir_at(parent_rel)?
+                    .open_file(&on_disk, libc::O_RDONLY | libc::O_DIRECTORY)
+                    .map_err(fail)?
             };
-            let file = parent
-                .open_file(&on_disk, libc::O_RDONLY | libc::O_DIRECTORY)
-                .map_err(fail)?;
+            // One under a temporary name in an existing directory (which a local user may
+            // write) is set up only if it is still the directory made there.
+            if let Some(id) = self.dir(&rel).and_then(|node| node.id) {
+                let meta = file.metadata().map_err(fail)?;
+                if (meta.dev(), meta.ino()) != id {
+                    return Err(fail(io::Error::other(
+                        "the directory made was replaced by another entry meanwhile",
+                    )));
+                }
+            }
             let meta = self.dir_mut(&rel).and_then(|node| node.meta.take());
             let mode = meta.as_ref().map_or(DIR_MODE, |(mode, _, _)| mode & 0o1777);
             std::os::unix::fs::fchown(&file, Some(self.uid), Some(self.gid)).map_err(fail)?;
@@ -230,15 +253,21 @@ impl Drop for Unpack {
         }
         self.writing = None;
         if let (Some(parent), Some((temp, _))) = (&self.parent, &self.root_temp) {
-            let _ = walk::remove_all(parent, temp);
+            // The new tree's top sits under its temporary name in a directory a local user may
+            // write: removed only while that name is still the directory made.
+            if let Ok(made) = self.root.stat() {
+                let _ = walk::remove_own_dir(parent, temp, made.id());
+            }
             return;
         }
         let placements = std::mem::take(&mut self.placements);
         for placement in &placements[self.placed.min(placements.len())..] {
             match placement {
-                Placement::Dir { parent, temp, .. } => {
+                Placement::Dir {
+                    parent, temp, id, ..
+                } => {
                     if let Ok(dir) = self.dir_at(parent) {
-                        let _ = walk::remove_all(&dir, temp);
+                        let _ = walk::remove_own_dir(&dir, temp, *id);
                     }
                 }
                 Placement::Entry { parent, temp, .. } => {

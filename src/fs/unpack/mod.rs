@@ -92,6 +92,8 @@ struct DirNode {
     new: bool,
     /// Made under this temporary name in an existing parent (a new tree's top).
     temp: Option<OsString>,
+    /// With `temp`: the directory made there (device, inode), checked before it is set up.
+    id: Option<(u64, u64)>,
     /// The archive's mode, time and metadata for it, when it had a member.
     meta: Option<(u32, (i64, u32), UserMetadata)>,
 }
@@ -127,6 +129,8 @@ enum Placement {
         parent: Vec<u8>,
         temp: OsString,
         name: OsString,
+        /// The directory made (device, inode): removed on failure only while it is there.
+        id: (u64, u64),
     },
     /// A file or symlink in an existing directory.
     Entry {
@@ -235,6 +239,7 @@ impl Unpack {
         let root_node = DirNode {
             new: root_temp.is_some(),
             temp: None,
+            id: None,
             meta: None,
         };
         nodes.insert(Vec::new(), Node::Dir(root_node));

@@ -72,6 +72,7 @@ impl Unpack {
                 DirNode {
                     new: true,
                     temp: None,
+                    id: None,
                     meta: None,
                 }
             } else {
@@ -79,6 +80,7 @@ impl Unpack {
                     Ok(stat) if stat.is_dir() => DirNode {
                         new: false,
                         temp: None,
+                        id: None,
                         meta: None,
                     },
                     Ok(stat) if stat.is_symlink() => {
@@ -95,15 +97,18 @@ impl Unpack {
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         let temp = temp::next_name(name);
-                        make_private_dir(&dir, &temp).map_err(fail)?;
+                        let made = make_private_dir(&dir, &temp).map_err(fail)?;
+                        let id = made.stat().map_err(fail)?.id();
                         self.placements.push(Placement::Dir {
                             parent: parent_rel.clone(),
                             temp: temp.clone(),
                             name: name.to_os_string(),
+                            id,
                         });
                         DirNode {
                             new: true,
                             temp: Some(temp),
+                            id: Some(id),
                             meta: None,
                         }
                     }
