@@ -81,6 +81,10 @@ impl Handler for Router {
     }
 }
 
+fn require_token(app: &Arc<App>, head: &Head) -> Result<(), ApiError> {
+    Ok(app.require_token(head)?)
+}
+
 fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let method = head.method();
     let respond = |response: Response| Ok(Action::Respond(response));
@@ -91,19 +95,25 @@ fn route(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
             respond(api::envs::get(app)?)
         }
         ("/init", "POST") => api::init::begin(app, head),
-        ("/upgrade", "POST") => api::fsfreeze::gated(app, head, crate::upgrade::begin),
+        ("/upgrade", "POST") => {
+            api::fsfreeze::gated(app, head, require_token, crate::upgrade::begin)
+        }
         ("/metrics", "GET" | "HEAD") => {
             app.require_token(head)?;
             respond(api::metrics::get(app)?)
         }
-        ("/files/compose", "POST") => api::fsfreeze::gated(app, head, api::compose::begin),
+        ("/files/compose", "POST") => {
+            api::fsfreeze::gated(app, head, require_token, api::compose::begin)
+        }
         ("/freeze", "POST") => respond(api::freeze::post_freeze(app, head)?),
         ("/unfreeze", "POST") => respond(api::freeze::post_unfreeze(app, head)?),
         ("/fsfreeze", "POST") => respond(api::fsfreeze::post_fsfreeze(app, head)?),
         ("/fsthaw", "POST") => respond(api::fsfreeze::post_fsthaw(app, head)?),
         ("/collapse", "POST") => respond(api::collapse::post(app, head)?),
         ("/files", "GET" | "HEAD") => respond(api::download::get(app, head)?),
-        ("/files", "POST" | "PUT") => api::fsfreeze::gated(app, head, api::upload::begin),
+        ("/files", "POST" | "PUT") => {
+            api::fsfreeze::gated(app, head, api::upload::authorise, api::upload::begin)
+        }
         (path, "POST") if service_method(path, api::filesystem::SERVICE).is_some() => {
             let method = service_method(path, api::filesystem::SERVICE).unwrap_or_default();
             Ok(api::filesystem::begin(app, head, method))

@@ -40,14 +40,20 @@ fn frozen() -> ApiError {
     ApiError::new(503, FROZEN)
 }
 
-/// `begin` of a route that writes files, behind the gate: refused while frozen; the sink of a
-/// body it consumes, and the answer of a body it collects, pass the gate again.
+/// `begin` of a route that writes files, behind the gate: refused while frozen, once
+/// `authorise` (the route's own check of the token or signature) let the request through, so a
+/// caller without them is told 401, not that the filesystem is frozen; the sink of a body it
+/// consumes, and the answer of a body it collects, pass the gate again.
 pub fn gated(
     app: &Arc<App>,
     head: &Head,
+    authorise: fn(&Arc<App>, &Head) -> Result<(), ApiError>,
     begin: fn(&Arc<App>, &Head) -> Result<Action, ApiError>,
 ) -> Result<Action, ApiError> {
-    let gate = app.fsfreeze.writing().ok_or_else(frozen)?;
+    let Some(gate) = app.fsfreeze.writing() else {
+        authorise(app, head)?;
+        return Err(frozen());
+    };
     let action = begin(app, head)?;
     drop(gate);
     let fs = Arc::clone(&app.fsfreeze);

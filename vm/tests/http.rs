@@ -271,3 +271,37 @@ impl Output {
         end["exitCode"].as_i64().unwrap_or(0)
     }
 }
+
+/// `GET /health` again and again on one kept-alive connection: the daemon's own answer time,
+/// without the connection setup through QEMU's user network (whose `hostfwd` listens with a
+/// backlog of 1, so a burst of connections waits for SYN retransmits).
+pub struct KeepAlive {
+    socket: TcpStream,
+}
+
+impl KeepAlive {
+    pub fn open(addr: SocketAddr) -> KeepAlive {
+        let socket = TcpStream::connect(addr).expect("connect to the guest");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        KeepAlive { socket }
+    }
+
+    /// One `/health`; its status (an answer without a body, as 204 is).
+    pub fn health(&mut self) -> u16 {
+        self.socket
+            .write_all(b"GET /health HTTP/1.1\r\nHost: guest\r\n\r\n")
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let read = self.socket.read(&mut byte).expect("an answer");
+            assert_eq!(read, 1, "the connection closed: {head:?}");
+            head.push(byte[0]);
+        }
+        let reply = parse(&head, true).expect("an answer head");
+        assert_eq!(reply.header("content-length"), None, "{reply:?}");
+        reply.status
+    }
+}

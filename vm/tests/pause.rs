@@ -3,6 +3,7 @@
 //! `stop` and a migration to a file, the VM ended; a new QEMU from the file, `cont`, the resume
 //! `/init` with a fresh timestamp and a new identity in the metadata service, `/fsthaw`.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
@@ -48,6 +49,19 @@ fn fsfreeze_of_the_real_root_never_blocks_the_daemon() {
         vm.call("PUT", "/files?path=/root/kept.txt", b"kept").status,
         200
     );
+    // The same /health, before any load, kept-alive: the guest's own pace under TCG.
+    let mut kept = http::KeepAlive::open(vm.api);
+    let idle: Vec<Duration> = (0..100)
+        .map(|_| {
+            let started = Instant::now();
+            assert_eq!(kept.health(), 204);
+            started.elapsed()
+        })
+        .collect();
+    figure(
+        "/health p99 kept-alive, idle guest (minimal)",
+        &format!("{:.1} ms", p99(idle).as_secs_f64() * 1000.0),
+    );
     let frozen = vm.call("POST", "/fsfreeze", b"");
     assert_eq!(frozen.status, 204, "{}", frozen.text());
     // The writer is held by the kernel: its output stops.
@@ -61,34 +75,67 @@ fn fsfreeze_of_the_real_root_never_blocks_the_daemon() {
     {}
     let held = output.stdout.clone();
     // 16 uploads at once, again and again, while /health is timed.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let samples = std::thread::scope(|scope| {
+    let stop = AtomicBool::new(false);
+    // A connection QEMU's user network resets before it reaches the daemon (about 1 in 2,000
+    // under this load, TCG) is counted, not taken for an answer: the daemon logs every answer it
+    // gives, and the count of its refusals is checked against what arrived.
+    let resets = AtomicUsize::new(0);
+    let refused = AtomicUsize::new(0);
+    let (samples, fresh) = std::thread::scope(|scope| {
         for n in 0..16 {
-            let (vm, stop) = (&vm, &stop);
+            let (vm, stop, resets, refused) = (&vm, &stop, &resets, &refused);
             scope.spawn(move || {
                 let body = vec![b'x'; 64 << 10];
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let reply = vm.call("PUT", &format!("/files?path=/root/up{n}.bin"), &body);
-                    assert_eq!(reply.status, 503, "{}", reply.text());
-                    assert_eq!(reply.json()["message"], FROZEN);
+                let target = format!("/files?path=/root/up{n}.bin");
+                let headers = [("X-Access-Token", TOKEN)];
+                while !stop.load(Ordering::SeqCst) {
+                    let limit = Duration::from_secs(30);
+                    match http::call(vm.api, "PUT", &target, &headers, &body, limit) {
+                        Ok(reply) => {
+                            assert_eq!(reply.status, 503, "{}", reply.text());
+                            assert_eq!(reply.json()["message"], FROZEN);
+                            refused.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(_) => _ = resets.fetch_add(1, Ordering::SeqCst),
+                    }
                 }
             });
         }
-        let mut samples = Vec::new();
-        for _ in 0..200 {
+        // /health timed on a kept-alive connection (the daemon's own answer), and on new
+        // connections (what a client of the guest sees through QEMU's user network too).
+        let mut kept = http::KeepAlive::open(vm.api);
+        let (mut samples, mut fresh) = (Vec::new(), Vec::new());
+        while samples.len() < 200 {
             let started = Instant::now();
-            let reply =
-                http::call(vm.api, "GET", "/health", &[], b"", Duration::from_secs(10)).unwrap();
-            assert_eq!(reply.status, 204);
+            assert_eq!(kept.health(), 204);
             samples.push(started.elapsed());
+            if samples.len() % 4 == 0 {
+                let started = Instant::now();
+                match http::call(vm.api, "GET", "/health", &[], b"", Duration::from_secs(10)) {
+                    Ok(reply) => {
+                        assert_eq!(reply.status, 204);
+                        fresh.push(started.elapsed());
+                    }
+                    Err(_) => _ = resets.fetch_add(1, Ordering::SeqCst),
+                }
+            }
         }
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        samples
+        stop.store(true, Ordering::SeqCst);
+        (samples, fresh)
     });
-    let p99 = p99(samples);
+    let (resets, refused) = (resets.into_inner(), refused.into_inner());
     figure(
-        "/health p99, guest root frozen, 16 uploads at once (minimal)",
-        &format!("{:.1} ms", p99.as_secs_f64() * 1000.0),
+        "connections reset by QEMU's user network, fsfreeze load",
+        &format!("{resets} of {}", resets + refused + fresh.len()),
+    );
+    let (kept, fresh) = (p99(samples), p99(fresh));
+    figure(
+        "/health p99 (kept-alive; new connections), guest root frozen, 16 uploads at once",
+        &format!(
+            "{:.1} ms; {:.1} ms",
+            kept.as_secs_f64() * 1000.0,
+            fresh.as_secs_f64() * 1000.0
+        ),
     );
     assert!(
         writer.next_within(Duration::from_millis(500)).is_none(),
@@ -123,6 +170,32 @@ fn fsfreeze_of_the_real_root_never_blocks_the_daemon() {
     let log = vm.run("cat /root/writer.log");
     let lines: Vec<String> = (0..=last + 3).map(|i| format!("line {i}")).collect();
     assert!(log.starts_with(&(lines.join("\n") + "\n")), "{log}");
+    let console = vm.console();
+    let logged = console.matches("PUT /files?path=/root/up").count();
+    assert_eq!(
+        logged, refused,
+        "the daemon's answers, against those that arrived"
+    );
+    // The daemon's own time for each /health while frozen (its log: head read to answer sent).
+    let frozen_part = console.split("POST /fsfreeze 204").nth(1).unwrap_or("");
+    let frozen_part = frozen_part.split("POST /fsthaw").next().unwrap_or("");
+    let own: Vec<Duration> = frozen_part
+        .lines()
+        .filter(|l| l.contains("GET /health 204"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .last()?
+                .strip_suffix("us")?
+                .parse()
+                .ok()
+        })
+        .map(Duration::from_micros)
+        .collect();
+    let count = own.len();
+    figure(
+        "/health p99 in the daemon's own log, root frozen, 16 uploads at once",
+        &format!("{:.1} ms of {count}", p99(own).as_secs_f64() * 1000.0),
+    );
 }
 
 #[test]

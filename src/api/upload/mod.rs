@@ -86,10 +86,17 @@ const METADATA_HEADER: &[u8] = b"x-metadata-";
 /// Order of checks: query decoding (400), access (401), `format` (400), `Content-Encoding`
 /// (415); for an archive the user (401), then `archive::sink`'s; else `Content-Type` (400),
 /// user (401), metadata (400), path (400); then the body.
+/// The upload's own check of the token or the signed URL (before its path is looked at).
+pub fn authorise(app: &Arc<App>, head: &Head) -> Result<(), ApiError> {
+    let query = app::query(head)?;
+    app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
+    Ok(())
+}
+
 pub fn begin(app: &Arc<App>, head: &Head) -> Result<Action, ApiError> {
     let query = app::query(head)?;
     let raw_path = query.get("path").filter(|p| !p.is_empty());
-    app.require_file_access(head, &query, Operation::Write, date::now_unix())?;
+    authorise(app, head)?;
     let tar = download::archive::format(query.get("format"))?.is_some();
     let gzip = gzip_encoded(head)?;
     if tar {
