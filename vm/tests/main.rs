@@ -13,3 +13,4 @@ mod pid1;
 mod qemu;
 mod qmp;
 mod support;
+mod template;

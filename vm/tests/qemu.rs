@@ -121,7 +121,7 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Boots guest `image` (`minimal`) for test `name`, on a copy of its root disk under
+    /// Boots guest `image` (`minimal` or `template`) for test `name`, on a copy of its root disk under
     /// `target/vm/run/<name>/`, with `mmds` as its metadata service.
     pub fn boot(name: &str, image: &str, mmds: Arc<FakeMmds>) -> Vm {
         let dir = images().join("run").join(name);
@@ -160,6 +160,11 @@ impl Vm {
             ports.1,
             mmds.addr.port()
         );
+        // Both guests start from the minimal initramfs; the template's root runs systemd.
+        let mut append = String::from("console=ttyS0 quiet panic=-1 net.ifnames=0");
+        if image == "template" {
+            append.push_str(" stage2=/lib/systemd/systemd");
+        }
         let qmp_path = dir.join("qmp.sock");
         let _ = std::fs::remove_file(&qmp_path);
         let mut command = Command::new("qemu-system-x86_64");
@@ -179,8 +184,8 @@ impl Vm {
             .arg("-kernel")
             .arg(images().join("vmlinuz"))
             .arg("-initrd")
-            .arg(images().join(image).join("initrd.cpio.gz"))
-            .args(["-append", "console=ttyS0 quiet panic=-1"])
+            .arg(images().join("minimal/initrd.cpio.gz"))
+            .args(["-append", &append])
             .arg("-chardev")
             .arg(format!(
                 "file,id=console,path={},append=on",

@@ -20,8 +20,13 @@ pub const BOOT_LIMIT: Duration = Duration::from_secs(180);
 
 /// A minimal guest booted for test `name`, up to its first `/health` 204, and how long that took.
 pub fn boot_minimal(name: &str) -> (Vm, Duration) {
+    boot(name, "minimal")
+}
+
+/// Guest `image` booted for test `name`, up to its first `/health` 204, and how long that took.
+pub fn boot(name: &str, image: &str) -> (Vm, Duration) {
     let mmds = Arc::new(FakeMmds::start(metadata(SANDBOX_ID, TEMPLATE_ID, TOKEN)));
-    let mut vm = Vm::boot(name, "minimal", mmds);
+    let mut vm = Vm::boot(name, image, mmds);
     let ready = vm.wait_health(BOOT_LIMIT);
     (vm, ready)
 }
