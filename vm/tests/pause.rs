@@ -10,7 +10,9 @@ use serde_json::json;
 
 use crate::http::{self, Output, Stream};
 use crate::mmds::metadata;
-use crate::support::{boot_minimal, clock_offset, create, figure, rfc3339, TEMPLATE_ID, TOKEN};
+use crate::support::{
+    boot_minimal, clock_offset, create, figure, highest, rfc3339, TEMPLATE_ID, TOKEN,
+};
 
 const FROZEN: &str =
     "the filesystem is frozen (POST /fsfreeze): nothing is written until POST /fsthaw";
@@ -289,20 +291,14 @@ fn pause_by_snapshot_and_resume_in_a_new_qemu() {
     );
     assert_eq!(again.status, 200);
     let mut after = Output::default();
-    let last: usize = output
-        .stdout
-        .lines()
-        .last()
-        .unwrap()
-        .trim_start_matches("tick ")
-        .parse()
-        .unwrap();
-    read_until(
-        &mut again,
-        &mut after,
-        &format!("tick {}\n", last + 5),
-        Duration::from_secs(30),
-    );
+    let last = highest(&output.stdout, "tick ").expect("ticks before the pause");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while highest(&after.stdout, "tick ").is_none_or(|n| n < last + 5) {
+        assert!(Instant::now() < deadline, "no tick past {last}: {after:?}");
+        if let Some(message) = again.next_within(Duration::from_secs(1)) {
+            after.take(&message);
+        }
+    }
     let counter: usize = vm.run("cat /root/counter").trim().parse().unwrap();
     assert!(counter >= last + 5, "{counter}");
     // Files written before the freeze are intact; writes work again.

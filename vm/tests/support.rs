@@ -136,3 +136,10 @@ fn interactive() {
     let status = vm.wait_exit(Duration::from_secs(365 * 86_400));
     println!("QEMU ended: {status:?}");
 }
+
+/// The highest `N` of the lines `<word> N` in `text`.
+pub fn highest(text: &str, word: &str) -> Option<usize> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(word)?.trim().parse().ok())
+        .max()
+}

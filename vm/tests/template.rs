@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::http::{self, Output, Stream};
-use crate::support::{boot, create, figure, kb, BOOT_LIMIT, TOKEN};
+use crate::support::{boot, create, figure, highest, kb, BOOT_LIMIT, TOKEN};
 
 const CERT: &str = include_str!("../../tests/fixtures/ca-a.pem");
 
@@ -184,27 +184,15 @@ fn a_live_upgrade_to_a_second_build_keeps_the_pid_systemd_watches() {
     );
     assert_eq!(vm.call("GET", "/envs", b"").json()["VM_VAR"], "carried");
     // The command started before goes on: Connect again for the rest.
-    let last: usize = before
-        .stdout
-        .lines()
-        .last()
-        .unwrap()
-        .trim_start_matches("tick ")
-        .parse()
-        .unwrap();
+    let last = highest(&before.stdout, "tick ").expect("ticks");
     let request = json!({"process": {"pid": before.pid}});
-    let mut again = Stream::open(
-        vm.api,
-        "process.Process/Connect",
-        &request,
-        &[("X-Access-Token", TOKEN)],
-    );
+    let headers = [("X-Access-Token", TOKEN)];
+    let mut again = Stream::open(vm.api, "process.Process/Connect", &request, &headers);
     assert_eq!(again.status, 200);
     let mut after = Output::default();
-    let wanted = format!("tick {}\n", last + 3);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !after.stdout.contains(&wanted) {
-        assert!(Instant::now() < deadline, "no {wanted:?}: {after:?}");
+    while highest(&after.stdout, "tick ").is_none_or(|n| n < last + 3) {
+        assert!(Instant::now() < deadline, "no tick past {last}: {after:?}");
         if let Some(message) = again.next_within(Duration::from_secs(1)) {
             after.take(&message);
         }
