@@ -9,7 +9,7 @@ CARGO   ?= cargo
 export SANDBOXD_PROCESS_CGROUPS ?= off
 export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze
 
-.PHONY: build run test unit integration lint bench fuzz clean sdk-test vm vm-test vm-images
+.PHONY: build run test unit integration lint bench fuzz clean sdk-test vm vm-test
 
 build: $(BIN)
 
@@ -85,14 +85,13 @@ sdk-test: build
 # builds the images under target/vm/ (again only when an input changed). VM_TESTS filters the
 # scenarios (e.g. VM_TESTS=pause); one guest at a time, under KVM when it works, else TCG.
 VM_TESTS ?=
-vm-images: build
-	vm/images
-
-vm-test: vm-images
+vm-test: build
+	vm/images minimal template
 	@: > target/vm/figures.tsv
 	$(CARGO) test --locked --features vm-tests --test vm -- --test-threads=1 $(VM_TESTS)
 	@echo "== figures (target/vm/figures.tsv)"; column -t -s '	' target/vm/figures.tsv
 
 # Boots one minimal guest and prints curl lines for it; ends when the guest powers off (or ^C).
-vm: vm-images
+vm: build
+	vm/images minimal
 	$(CARGO) test --locked --features vm-tests --test vm -- --ignored --nocapture --exact support::interactive

@@ -4,6 +4,7 @@
 //! 127.0.0.1 (the daemon's HTTP and Connect API) and QMP. Inside the guest the daemon is
 //! `/usr/bin/envd` with no flags: the real root, the real metadata address, the real clock.
 //! Run one with `make vm-test VM_TESTS=boot`.
+#![cfg(feature = "vm-tests")]
 
 mod http;
 mod minimal;
