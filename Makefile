@@ -10,7 +10,7 @@ CARGO   ?= cargo
 export SANDBOXD_PROCESS_CGROUPS ?= off
 export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze
 
-.PHONY: build run test unit integration lint bench fuzz clean sdk-test
+.PHONY: build run test unit integration lint bench fuzz clean sdk-test vm vm-test
 
 build: $(BIN)
 
@@ -41,7 +41,7 @@ lint:
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --locked --workspace --all-targets --features fuzzing -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features fuzzing,vm-tests -- -D warnings
 
 unit:
 	$(CARGO) test --locked --workspace --lib --bins
@@ -85,3 +85,20 @@ soak: build
 # Needs the registries; not part of `test`.
 sdk-test: build
 	SANDBOXD_BIN=$(CURDIR)/$(BIN) scripts/sdk-test
+
+# sandboxd in QEMU guests (docs/vm.md): Debian's stock cloud kernel, the release binary as
+# /usr/bin/envd with no flags, the guest at 169.254.0.21 on a restricted user network, a fake
+# metadata service on the host's loopback. vm/images installs QEMU and the rest from Debian and
+# builds the images under target/vm/ (again only when an input changed). VM_TESTS filters the
+# scenarios (e.g. VM_TESTS=pause); one guest at a time, under KVM when it works, else TCG.
+VM_TESTS ?=
+vm-test: build
+	vm/images minimal template
+	@: > target/vm/figures.tsv
+	$(CARGO) test --locked --features vm-tests --test vm -- --test-threads=1 $(VM_TESTS)
+	@echo "== figures (target/vm/figures.tsv)"; column -t -s '	' target/vm/figures.tsv 2>/dev/null || cat target/vm/figures.tsv
+
+# Boots one minimal guest and prints curl lines for it; ends when the guest powers off (or ^C).
+vm: build
+	vm/images minimal
+	$(CARGO) test --locked --features vm-tests --test vm -- --ignored --nocapture --exact support::interactive

@@ -122,6 +122,37 @@ fn writes_are_refused_while_frozen_health_answers_and_all_succeed_after_the_thaw
     assert_eq!(reply.status, 200, "{}", reply.text());
 }
 
+/// A caller without the token (or a valid signature) is told 401 while the filesystem is
+/// frozen, as at any other time, never that it is frozen (found in a QEMU guest, issue 35).
+#[test]
+fn while_frozen_a_write_without_the_token_is_401_not_503() {
+    let Some(image) = Ext4Image::make() else {
+        return;
+    };
+    let daemon = daemon_on(&image, &[]);
+    assert_eq!(post(&daemon, "/fsfreeze").status, 204);
+    let target = format!(
+        "/files?path={}",
+        enc(image.mount.join("a.txt").to_str().unwrap())
+    );
+    for method in ["POST", "PUT"] {
+        let reply = daemon.call_with(method, &target, &[], b"x");
+        assert_eq!(reply.status, 401, "{method}: {}", reply.text());
+        let reply = daemon.call_with(method, &target, &[("X-Access-Token", "wrong")], b"x");
+        assert_eq!(reply.status, 401, "{method}: {}", reply.text());
+    }
+    let signed = format!("{target}&signature=v1_nope&signature_expiration=4102444800");
+    assert_eq!(daemon.call_with("PUT", &signed, &[], b"x").status, 401);
+    for route in ["/files/compose", "/upgrade"] {
+        let reply = daemon.call_with("POST", route, &[], b"{}");
+        assert_eq!(reply.status, 401, "{route}: {}", reply.text());
+    }
+    // With the token: frozen.
+    daemon.call("PUT", &target, b"x").assert_error(503, FROZEN);
+    assert_eq!(post(&daemon, "/fsthaw").status, 204);
+    assert_eq!(daemon.call("PUT", &target, b"x").status, 200);
+}
+
 #[test]
 fn the_watchdog_thaws_a_filesystem_freeze_nobody_ended() {
     let Some(image) = Ext4Image::make() else {

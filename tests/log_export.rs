@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::common::mmds::FakeMmds;
 use crate::common::{assert_health_within, builder, Daemon};
-use crate::mmds::FakeMmds;
 
 /// One POST the collector received: path, content type, body.
 type Post = (String, String, Vec<u8>);

@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod connect;
 pub mod image;
+pub mod mmds;
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
