@@ -7,8 +7,9 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use crate::common::connect::WAIT;
+use crate::common::mmds::{sha512_hex, FakeMmds};
 use crate::common::{answered_yet, builder, read_reply, Daemon, TOKEN};
-use crate::mmds::{metadata, sha512_hex, wait_for_id, FakeMmds};
+use crate::mmds::{metadata, wait_for_id};
 use crate::routes::UNAUTHORIZED;
 
 /// The daemon's workers: the `/init`s below outnumber them four times.

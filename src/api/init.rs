@@ -285,8 +285,12 @@ fn apply_authorised(
     let system_files =
         init_files::Request::parse(body.ca_bundle.as_deref(), body.hyperloop_ip.as_deref())?;
     let volumes = volumes::Request::parse(body.volume_mounts, body.lifecycle_id)?;
-    clock::apply(app, timestamp);
-    system_files.apply(app, timestamp)?;
+    clock::apply(app.mmds.as_deref(), timestamp);
+    let events_address =
+        system_files.apply(app.system_files(), &app.config.system_root, timestamp)?;
+    if let Some(url) = events_address {
+        app.set_internal_env(init_files::EVENTS_ADDRESS, url);
+    }
     if let Some(volumes) = volumes {
         volumes.apply(&app.volumes, &app.config.system_root)?;
     }

@@ -18,7 +18,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::fs::paths::MAX_PATH_BYTES;
+use crate::fs::MAX_PATH_BYTES;
 
 /// An error of the filesystem layer.
 #[derive(Debug)]

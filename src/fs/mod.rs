@@ -8,7 +8,8 @@
 //! the crash-safe concatenation and which sources it may delete, `copy` the zero-copy append
 //! under it, `temp` the temporary names beside a destination and the sweeper thread that
 //! removes stale ones, `user_metadata` the `user.e2b.*` attributes an upload sets and a
-//! listing reads, `owners` the names of owners and groups, `as_user` the switch of a thread's
+//! listing reads, `owners` the names of owners and groups (and a user's groups), `versions` the
+//! cached texts of the passwd and group files, `as_user` the switch of a thread's
 //! filesystem credentials to a user's (`--fs-as-user`), `walk` descents by directory
 //! descriptors, `unpack` an archive unpacked all or nothing, and `watch` the daemon's
 //! directory watches (one inotify instance per watch, one thread). Failures leave `fs` as an
@@ -28,7 +29,12 @@ pub mod temp;
 pub mod unpack;
 pub mod user_metadata;
 pub mod users;
+pub mod versions;
 pub mod walk;
 pub mod watch;
 
 pub use error::FsError;
+
+/// The longest path, in bytes, a client may send (SPEC §10): `paths` refuses longer ones and
+/// `error` names the limit.
+pub const MAX_PATH_BYTES: usize = 4096;

@@ -11,11 +11,11 @@
 //! changed, and the last parse is shared otherwise.
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::fs::users::{self, User};
+use crate::fs::versions::{version, Version};
 
 /// uid and gid to names, from one read of both files.
 #[derive(Debug, Default)]
@@ -26,24 +26,6 @@ pub struct Owners {
     members: HashMap<String, Vec<u32>>,
     /// The passwd file they were read from (a watcher carried across a live upgrade names it).
     source: PathBuf,
-}
-
-/// What identifies a version of a file without reading it: device, inode, size, mtime.
-pub type FileVersion = (u64, u64, u64, i64, i64);
-
-type Version = Option<FileVersion>;
-
-/// The version of the file at `path`, `None` when it cannot be read; the passwd and group
-/// files' caches (here and `fs::as_user`) parse them again only when it changes.
-pub fn version(path: &Path) -> Version {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-    ))
 }
 
 /// The last parse, and the files and versions it came from.
@@ -142,6 +124,14 @@ pub fn names_by_id(text: &str) -> HashMap<u32, String> {
         }
     }
     names
+}
+
+/// The groups of `user` (SPEC §9b), from the `group` file beside the passwd file
+/// (`/etc/group` for `/etc/passwd`); without one, only the primary group. The files are parsed
+/// again only when their version changed ([`Owners::current`]), so a user added to or removed
+/// from a group counts at once.
+pub fn groups(passwd_file: &Path, user: &User) -> Vec<u32> {
+    Owners::current(passwd_file).groups_of(user)
 }
 
 #[cfg(test)]

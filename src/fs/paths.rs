@@ -10,9 +10,7 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::fs::error::FsError;
 use crate::fs::users::User;
-
-/// The longest path, in bytes, a client may send (SPEC §10).
-pub const MAX_PATH_BYTES: usize = 4096;
+use crate::fs::MAX_PATH_BYTES;
 
 /// Whether a client's path for a file to write names a directory by its form: it ends with `/`
 /// (`dir/`, `~/`). Resolution drops the slash (Go's `filepath.Clean`), so a write checks this

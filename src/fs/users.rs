@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::fs::error::FsError;
-use crate::fs::owners::{self, FileVersion, Owners};
+use crate::fs::versions::{cached_text, TextCache};
 
 /// A passwd entry: what sandboxd needs to resolve paths and own files for a user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,28 +71,6 @@ fn passwd_text(passwd_file: &Path) -> std::io::Result<Arc<str>> {
     cached_text(&CACHE, passwd_file)
 }
 
-/// The last text read of a file, with the path and version it was read at.
-pub type TextCache = Mutex<Option<(PathBuf, FileVersion, Arc<str>)>>;
-
-/// The text of the file at `path` (non-UTF-8 bytes, say a Latin-1 GECOS field, replaced: they
-/// must not hide the other lines), from `cache` while the file's identity, size and
-/// modification time are those it was read at, so a change counts at once.
-pub fn cached_text(cache: &TextCache, path: &Path) -> std::io::Result<Arc<str>> {
-    let version = owners::version(path);
-    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let (Some((cached, seen, text)), Some(version)) = (cache.as_ref(), version) {
-        if cached == path && *seen == version {
-            return Ok(Arc::clone(text));
-        }
-    }
-    let bytes = std::fs::read(path)?;
-    let text: Arc<str> = String::from_utf8_lossy(&bytes).into();
-    if let Some(version) = version {
-        *cache = Some((path.to_path_buf(), version, Arc::clone(&text)));
-    }
-    Ok(text)
-}
-
 /// Pure: the groups each member belongs to, from group-format text (name:pw:gid:member,...):
 /// member name to gids in the file's order, each once. Malformed lines are skipped.
 pub fn memberships(text: &str) -> HashMap<String, Vec<u32>> {
@@ -126,14 +104,6 @@ pub fn groups_of(user: &User, memberships: &HashMap<String, Vec<u32>>) -> Vec<u3
     groups
 }
 
-/// The groups of `user` (SPEC §9b), from the `group` file beside the passwd file
-/// (`/etc/group` for `/etc/passwd`); without one, only the primary group. The files are parsed
-/// again only when their version changed ([`Owners::current`]), so a user added to or removed
-/// from a group counts at once.
-pub fn groups(passwd_file: &Path, user: &User) -> Vec<u32> {
-    Owners::current(passwd_file).groups_of(user)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,8 +117,14 @@ mod tests {
         assert_eq!(groups_of(&user, &memberships("")), vec![1000]);
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("group"), "dev:x:50:user\n").unwrap();
-        assert_eq!(groups(&dir.path().join("passwd"), &user), vec![1000, 50]);
-        assert_eq!(groups(Path::new("/nonexistent/passwd"), &user), vec![1000]);
+        assert_eq!(
+            crate::fs::owners::groups(&dir.path().join("passwd"), &user),
+            vec![1000, 50]
+        );
+        assert_eq!(
+            crate::fs::owners::groups(Path::new("/nonexistent/passwd"), &user),
+            vec![1000]
+        );
     }
 
     const PASSWD: &str = "\

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::app::App;
+use crate::mmds::Mmds;
 use crate::mmds::LINK_LOCAL_IP;
 
 const MILLISECOND: i128 = 1_000_000;
@@ -78,7 +78,9 @@ pub fn enabled(mmds_address: Option<SocketAddr>, answered: bool) -> bool {
 
 /// Decides for this `/init` and acts: sets the clock, or logs why not when it is off by more
 /// than the margins. A failure to set it is logged and the `/init` goes on, as envd's does.
-pub fn apply(app: &App, timestamp: Option<i128>) {
+/// `mmds` is the metadata service, when one is configured: whether it is the real one and has
+/// answered decides whether the clock may be set ([`enabled`]).
+pub fn apply(mmds: Option<&Mmds>, timestamp: Option<i128>) {
     // The clock is the machine's: one `/init` at a time decides and sets it, and one whose
     // timestamp is older than the newest that reached here is stale by now and leaves it.
     static NEWEST: Mutex<Option<i128>> = Mutex::new(None);
@@ -91,8 +93,8 @@ pub fn apply(app: &App, timestamp: Option<i128>) {
     }
     let now = unix_nanos(SystemTime::now());
     let is_enabled = enabled(
-        app.mmds.as_ref().map(|m| m.address()),
-        app.mmds.as_ref().is_some_and(|m| m.has_answered()),
+        mmds.map(|m| m.address()),
+        mmds.is_some_and(|m| m.has_answered()),
     );
     let decision = decide(timestamp, now, is_enabled);
     let skew = timestamp

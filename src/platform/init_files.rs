@@ -13,10 +13,10 @@
 //! a sandbox. `E2B_EVENTS_ADDRESS` is set only once the entry is written, as envd's.
 
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Mutex;
 
 use super::{ca_bundle, hosts};
-use crate::app::App;
 use crate::error::ApiError;
 
 /// The variable that tells sandboxed code where the event service is (envd's).
@@ -67,37 +67,44 @@ impl Request {
         Ok(Request { ca, hyperloop })
     }
 
-    /// Writes the files under `app.config.system_root` unless a newer `/init` already wrote
-    /// them (module documentation for the order and the errors).
-    pub fn apply(&self, app: &App, timestamp: Option<i128>) -> Result<(), ApiError> {
+    /// Writes the files under `root` unless a newer `/init` already wrote them (`state`
+    /// orders them; module documentation for the order and the errors). The value of
+    /// [`EVENTS_ADDRESS`] once the hosts entry is written, for the caller to set.
+    pub fn apply(
+        &self,
+        state: &SystemFiles,
+        root: &Path,
+        timestamp: Option<i128>,
+    ) -> Result<Option<String>, ApiError> {
         if *self == Request::default() {
-            return Ok(());
+            return Ok(None);
         }
-        let state = app.system_files();
         let mut newest = state.newest.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(new) = timestamp {
             if newest.is_some_and(|newest| new < newest) {
-                return Ok(());
+                return Ok(None);
             }
             *newest = Some(new);
         }
-        let root = &app.config.system_root;
         let ca = match &self.ca {
             None => Ok(()),
             Some(CaChange::Install(pem)) => ca_bundle::install(root, pem),
             Some(CaChange::Remove) => ca_bundle::uninstall(root),
         };
         ca.map_err(|error| ApiError::internal(format!("error installing caBundle: {error}")))?;
-        if let Some(address) = self.hyperloop {
-            match hosts::set_events_entry(root, address) {
-                Ok(()) => app.set_internal_env(EVENTS_ADDRESS, events_url(address)),
-                Err(error) => crate::log::line(format_args!(
+        let Some(address) = self.hyperloop else {
+            return Ok(None);
+        };
+        match hosts::set_events_entry(root, address) {
+            Ok(()) => Ok(Some(events_url(address))),
+            Err(error) => {
+                crate::log::line(format_args!(
                     "init: hyperloopIP: cannot write the {} entry: {error}; {EVENTS_ADDRESS} unchanged",
                     hosts::EVENTS_HOST
-                )),
+                ));
+                Ok(None)
             }
         }
-        Ok(())
     }
 }
 

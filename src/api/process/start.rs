@@ -26,7 +26,7 @@ use super::{hub, proc_error, spawn_code};
 use crate::api::rpc::{api_error, failed};
 use crate::app::App;
 use crate::connect::{Call, Code, Error};
-use crate::fs::users;
+use crate::fs::owners;
 use crate::http::Response;
 use crate::platform::cgroups::Group;
 use crate::proc::{Attached, Config, Hub, ProcError, Spec};
@@ -90,7 +90,7 @@ fn start_process(
         credentials: Some(Credentials {
             uid: user.uid,
             gid: user.gid,
-            groups: users::groups(&app.config.passwd_file, user),
+            groups: owners::groups(&app.config.passwd_file, user),
         }),
         terminal,
         stdin: request.stdin.unwrap_or(true),
