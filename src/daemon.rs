@@ -1,4 +1,5 @@
-//! The daemon's life: bind, serve, and stop cleanly on SIGTERM or SIGINT.
+//! The daemon's life: bind, serve, and stop cleanly on SIGTERM or SIGINT (as PID 1: power off,
+//! halt or restart the machine after the drain, as busybox's init would).
 //!
 //! Signals are blocked in every thread and received here with `sigwait`, which also works as
 //! PID 1 (blocked signals are queued even for init); the processes it starts get an empty mask
@@ -156,12 +157,36 @@ pub fn run(config: Config) -> ExitCode {
         env!("CARGO_PKG_VERSION")
     ));
     notify::send("READY=1");
+    // As PID 1 (a minimal image's init) the signals mean what busybox's init makes of them
+    // (`sys::power`): `SIGUSR2` from anyone but the daemon itself is `poweroff`, not `/upgrade`'s
+    // wake-up, and the drain ends the machine instead of the process (an init that exits
+    // panics the kernel).
+    let own_pid = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    let init = own_pid == 1;
+    let mut signals = SIGNALS.to_vec();
+    if init {
+        signals.push(libc::SIGUSR1);
+    }
+    let mut ending = None;
     loop {
-        match process::wait_signal(&SIGNALS) {
-            Ok(libc::SIGCHLD) => proc::reaper::reap_all(),
-            Ok(libc::SIGUSR2) => upgrade::perform(&server, &app, drain_timeout, &SIGNALS),
-            Ok(signal) => {
-                log::line(format_args!("signal {signal}: draining"));
+        match process::wait_signal_from(&signals) {
+            Ok(received) if received.signal == libc::SIGCHLD => proc::reaper::reap_all(),
+            Ok(received)
+                if received.signal == libc::SIGUSR2 && !(init && received.sender != own_pid) =>
+            {
+                upgrade::perform(&server, &app, drain_timeout, &signals)
+            }
+            Ok(received) => {
+                let signal = received.signal;
+                if init {
+                    let how = sys::power::Power::of_signal(signal);
+                    log::line(format_args!(
+                        "signal {signal}: draining, then {how} (PID 1)"
+                    ));
+                    ending = Some(how);
+                } else {
+                    log::line(format_args!("signal {signal}: draining"));
+                }
                 break;
             }
             Err(e) => {
@@ -182,6 +207,14 @@ pub fn run(config: Config) -> ExitCode {
         log::line(format_args!(
             "drain timeout of {drain_timeout:?} reached; exiting with requests in flight"
         ));
+    }
+    if let Some(how) = ending {
+        log::line(format_args!(
+            "PID 1: {how}: every process killed, filesystems synced"
+        ));
+        let error = sys::power::end_machine(how);
+        log::line(format_args!("PID 1: the kernel refused the {how}: {error}"));
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
 }

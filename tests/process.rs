@@ -3,7 +3,7 @@
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixDatagram;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::*;
 
@@ -231,4 +231,64 @@ fn sign_prints_a_signed_url() {
     assert!(url.contains("&signature_expiration="));
     let output = sandboxd().args(["sign", "/x"]).output().unwrap();
     assert_eq!(output.status.code(), Some(2), "no token");
+}
+
+/// The pid of `parent`'s one child (`unshare --fork`'s: the daemon, PID 1 inside).
+fn only_child(parent: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no child of {parent}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// As PID 1 (a minimal image's init), busybox's `poweroff` (SIGUSR2 from another process) drains
+/// and powers the machine off instead of being taken for `/upgrade`'s wake-up, and the daemon
+/// never exits (an init that exits panics the kernel). In a PID namespace of its own the kernel
+/// ends the namespace with SIGINT, which is what the test sees; `reboot` (SIGTERM) ends it with
+/// SIGHUP.
+#[test]
+fn as_pid_1_poweroff_and_reboot_end_the_machine_after_the_drain() {
+    if !crate::common::root_or_skip("a PID namespace and reboot(2) need root") {
+        return;
+    }
+    for (name, ended_by, how) in [
+        ("USR2", libc::SIGINT, "power-off"),
+        ("TERM", libc::SIGHUP, "restart"),
+    ] {
+        let mut daemon = crate::common::builder()
+            .wrap_with_shell("exec unshare --pid --fork --kill-child")
+            .start();
+        assert_eq!(daemon.get("/health").status, 204);
+        let init = only_child(daemon.pid());
+        let status = std::fs::read_to_string(format!("/proc/{init}/status")).unwrap();
+        let ns_pid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+        assert!(ns_pid.trim_end().ends_with("\t1"), "{ns_pid}");
+        assert_eq!(
+            std::process::Command::new("kill")
+                .args([&format!("-{name}"), &init.to_string()])
+                .status()
+                .unwrap()
+                .code(),
+            Some(0)
+        );
+        daemon.log_with(|l| l.contains(&format!("draining, then {how} (PID 1)")));
+        daemon.log_with(|l| l.contains(&format!("PID 1: {how}: every process killed")));
+        let ended = daemon
+            .wait(Duration::from_secs(10))
+            .expect("the namespace ended");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            ended.signal(),
+            Some(ended_by),
+            "{ended:?} {:?}",
+            daemon.log()
+        );
+        assert!(!daemon.log().iter().any(|l| l.contains("refused")));
+    }
 }

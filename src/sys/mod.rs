@@ -20,6 +20,7 @@ pub mod madvise;
 pub mod mount;
 pub mod net;
 pub mod poll;
+pub mod power;
 pub mod priority;
 pub mod process;
 pub mod pty;

@@ -58,7 +58,7 @@ fn signal_set(signals: &[libc::c_int]) -> libc::sigset_t {
 }
 
 /// Blocks `signals` in the calling thread and in every thread it spawns afterwards, so that
-/// they are only ever received by [`wait_signal`]. Blocked signals are queued even for PID 1.
+/// they are only ever received by [`wait_signal_from`]. Blocked signals are queued even for PID 1.
 pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
     let set = signal_set(signals);
     // SAFETY: `set` is an initialised sigset_t; the old mask is not requested (null).
@@ -69,16 +69,34 @@ pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits until one of `signals` (which must be blocked) arrives and returns it.
-pub fn wait_signal(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+/// A signal received, and its sender as this process's PID namespace sees it (0: the kernel,
+/// or a process outside the namespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub signal: libc::c_int,
+    pub sender: libc::pid_t,
+}
+
+/// Waits until one of `signals` (which must be blocked) arrives; it and who sent it.
+pub fn wait_signal_from(signals: &[libc::c_int]) -> io::Result<Received> {
     let set = signal_set(signals);
-    let mut signal: libc::c_int = 0;
-    // SAFETY: `set` is initialised and `signal` is a valid int the call writes into.
-    let ret = unsafe { libc::sigwait(&set, &mut signal) };
-    if ret != 0 {
-        return Err(io::Error::from_raw_os_error(ret));
+    loop {
+        // SAFETY: siginfo_t is plain data the call fills; all-zero bytes are a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is initialised and `info` is a writable siginfo_t for the call.
+        let signal = unsafe { libc::sigwaitinfo(&set, &mut info) };
+        if signal < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        // SAFETY: `info` was filled by sigwaitinfo; si_pid is meaningful for signals sent by
+        // kill and 0 in the zeroed value otherwise.
+        let sender = unsafe { info.si_pid() };
+        return Ok(Received { signal, sender });
     }
-    Ok(signal)
 }
 
 /// How a child ended, as `waitpid` reports it.
