@@ -135,3 +135,57 @@ pub fn sendfile(socket: RawFd, file: RawFd, offset: &mut u64, count: usize) -> i
     *offset = u64::try_from(off).unwrap_or(*offset);
     Ok(sent)
 }
+
+/// The allocator of the crate's unit tests: the system's, counting each thread's allocations,
+/// so a test can prove a path allocates nothing (see `server::tests`).
+#[cfg(test)]
+pub(crate) mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub(crate) struct Counting;
+
+    thread_local! {
+        static MADE: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Allocations (`alloc`, `alloc_zeroed`, `realloc`) made by the calling thread so far.
+    pub(crate) fn made() -> u64 {
+        MADE.with(Cell::get)
+    }
+
+    fn count() {
+        // Not while the thread ends (its counter may be gone).
+        let _ = MADE.try_with(|made| made.set(made.get() + 1));
+    }
+
+    // SAFETY: every call goes to the system allocator unchanged; counting touches only a
+    // const-initialised thread-local `Cell`, which never allocates.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+}

@@ -21,6 +21,8 @@
 
 mod accept;
 mod slots;
+#[cfg(test)]
+mod tests;
 mod timekeeper;
 mod wakeups;
 mod worker;
