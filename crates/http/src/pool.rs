@@ -65,9 +65,15 @@ impl Pool {
         self.runs[index].store(0, Ordering::Release);
     }
 
+    /// Whether [`stand_by_if_spare`](Self::stand_by_if_spare) may stand by (a hint, read
+    /// without the lock).
+    pub(crate) fn may_stand_by(&self) -> bool {
+        self.taking_now.load(Ordering::Relaxed) > self.waiting
+    }
+
     /// Between runs: stands by while more workers take events than are needed, until woken.
     pub(crate) fn stand_by_if_spare(&self) {
-        if self.taking_now.load(Ordering::Relaxed) <= self.waiting {
+        if !self.may_stand_by() {
             return;
         }
         let mut taking = lock(&self.taking);

@@ -41,9 +41,25 @@ impl<H: Handler> Shared<H> {
             date: DateCache::new(),
             spare: None,
         };
+        // Requests were run since the handler was last told the worker is idle.
+        let mut ran = false;
         loop {
+            if ran && self.pool.may_stand_by() {
+                ran = false;
+                self.handler.idle();
+            }
             self.pool.stand_by_if_spare();
-            let token = match self.epoll.wait_one(-1) {
+            // After a run, first a look without waiting: only when nothing is ready is the
+            // handler told, before the worker blocks.
+            let waited = match self.epoll.wait_one(if ran { 0 } else { -1 }) {
+                Ok(None) if ran => {
+                    ran = false;
+                    self.handler.idle();
+                    continue;
+                }
+                waited => waited,
+            };
+            let token = match waited {
                 Ok(Some(token)) => token,
                 Ok(None) => continue,
                 Err(e) => {
@@ -79,6 +95,7 @@ impl<H: Handler> Shared<H> {
                 }
             }
             self.pool.run_ended(index);
+            ran = true;
         }
     }
 
