@@ -85,3 +85,48 @@ fn workers_blocked_in_their_handler_are_replaced_by_standby_ones() {
         assert!(blocked.join().unwrap().starts_with("HTTP/1.1 204"));
     }
 }
+
+/// One request on a new keep-alive connection, so that it is registered and parked.
+fn keep_alive(addr: SocketAddr) -> TcpStream {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    read_answer(&mut socket);
+    socket
+}
+
+fn read_answer(socket: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        assert_eq!(socket.read(&mut byte).unwrap(), 1, "closed");
+        answer.push(byte[0]);
+    }
+    String::from_utf8(answer).unwrap()
+}
+
+#[test]
+fn events_taken_by_a_worker_that_blocks_are_handed_to_another() {
+    // One worker takes events, in batches; one stands by.
+    let addr = serve(2, 1);
+    let (mut blocking, mut quick) = (keep_alive(addr), keep_alive(addr));
+    for _ in 0..3 {
+        // Both requests reach the waiting worker's next batch (most often): the first blocks
+        // it, and the second's event is handed to the standby worker instead of waiting.
+        blocking
+            .write_all(b"GET /block HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        quick
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let started = Instant::now();
+        assert!(read_answer(&mut quick).starts_with("HTTP/1.1 204"));
+        let took = started.elapsed();
+        assert!(
+            took < BLOCK / 3,
+            "answered after {took:?}, behind the blocked request"
+        );
+        assert!(read_answer(&mut blocking).starts_with("HTTP/1.1 204"));
+    }
+}
