@@ -242,6 +242,30 @@ fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::fuzzing::allocations_made;
+
+    #[test]
+    fn a_request_line_allocates_nothing_once_warm() {
+        std::thread::spawn(|| {
+            let line = || {
+                request(
+                    "GET",
+                    "/log-test?no-allocation",
+                    204,
+                    0,
+                    Duration::from_micros(9),
+                )
+            };
+            line();
+            let before = allocations_made();
+            for _ in 0..1000 {
+                line();
+            }
+            assert_eq!(allocations_made() - before, 0);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn timestamps_are_rfc3339_utc() {

@@ -154,21 +154,23 @@ pub fn sendfile(socket: RawFd, file: RawFd, offset: &mut u64, count: usize) -> i
     Ok(sent)
 }
 
-/// The allocator of the crate's unit tests: the system's, counting each thread's allocations,
-/// so a test can prove a path allocates nothing (see `server::tests`).
-#[cfg(test)]
+/// The allocator of the crate's unit tests (and, through [`crate::fuzzing`], of sandboxd's): the
+/// system's, counting each thread's allocations, so a test can prove a path allocates nothing
+/// (see `server::tests`).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod counting {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::Cell;
 
-    pub(crate) struct Counting;
+    /// The system allocator, counting.
+    pub struct Counting;
 
     thread_local! {
         static MADE: Cell<u64> = const { Cell::new(0) };
     }
 
     /// Allocations (`alloc`, `alloc_zeroed`, `realloc`) made by the calling thread so far.
-    pub(crate) fn made() -> u64 {
+    pub fn made() -> u64 {
         MADE.with(Cell::get)
     }
 
@@ -204,6 +206,7 @@ pub(crate) mod counting {
         }
     }
 
+    #[cfg(test)]
     #[global_allocator]
     static ALLOCATOR: Counting = Counting;
 }
