@@ -208,6 +208,8 @@ pub fn run(config: Config) -> ExitCode {
             "drain timeout of {drain_timeout:?} reached; exiting with requests in flight"
         ));
     }
+    // What the workers logged since the line above (an answer on a kept connection).
+    log::flush();
     if let Some(how) = ending {
         log::line(format_args!(
             "PID 1: {how}: every process killed, filesystems synced"

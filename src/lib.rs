@@ -22,6 +22,11 @@ mod fs;
 pub mod fuzzing;
 /// The HTTP layer, its own crate (`crates/http`), under the name the modules use.
 use sandboxd_http as http;
+
+/// The unit tests count each thread's allocations (a request's path must make none).
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: http::fuzzing::Counting = http::fuzzing::Counting;
 mod log;
 mod mmds;
 mod notify;

@@ -75,8 +75,15 @@ impl Handler for Router {
         log::line(message);
     }
 
-    /// The port forwarder's idle-time scan rides on the timekeeper's round.
+    /// The worker's buffered request lines are written before it waits.
+    fn idle(&self) {
+        log::flush_idle();
+    }
+
+    /// Every buffered request line is written on each round (at most a second apart); the port
+    /// forwarder's idle-time scan rides on it too.
     fn tick(&self) {
+        log::flush();
         crate::platform::forward::tick();
     }
 

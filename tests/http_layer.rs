@@ -371,3 +371,44 @@ fn a_withheld_body_holds_no_worker_and_everyone_else_is_answered() {
     let reply = read_reply(&mut BufReader::new(holder), false).expect("the holder answered");
     assert_eq!(reply.status, 204, "{}", reply.text());
 }
+
+#[test]
+fn every_request_line_is_written_in_order_by_a_clean_stop() {
+    // Request lines are buffered per worker (src/log/buffer.rs): none may be lost or reordered.
+    let mut daemon = start();
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let stream = daemon.connect();
+            std::thread::spawn(move || {
+                let mut requests = Vec::new();
+                for n in 0..250 {
+                    requests.extend_from_slice(
+                        format!("GET /health?c={client}&n={n} HTTP/1.1\r\nHost: t\r\n\r\n")
+                            .as_bytes(),
+                    );
+                }
+                let mut writer = stream.try_clone().unwrap();
+                writer.write_all(&requests).unwrap();
+                let mut reader = BufReader::new(stream);
+                for _ in 0..250 {
+                    assert_eq!(read_reply(&mut reader, false).unwrap().status, 204);
+                }
+                // Kept open: the daemon stops with these connections idle.
+                reader
+            })
+        })
+        .collect();
+    let _open: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    daemon.signal("TERM");
+    assert!(daemon.wait(Duration::from_secs(10)).is_some());
+    let log = daemon.log_with(|line| line.contains("drained; exiting"));
+    for client in 0..4 {
+        let tag = format!("GET /health?c={client}&n=");
+        let numbers: Vec<usize> = log
+            .iter()
+            .filter_map(|line| line.split(&tag).nth(1))
+            .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(numbers, (0..250).collect::<Vec<_>>(), "client {client}");
+    }
+}

@@ -208,6 +208,19 @@ fn a_new_binary_takes_over_in_the_same_process_with_the_state_and_no_refused_con
     assert!(answered > 0);
     assert!(daemon.is_running());
     assert_eq!(daemon.pid(), pid);
+    // Each answer's line was written, by one image or the other: the workers' buffered lines
+    // are written before the `execve` (or within a second after).
+    let logged = |daemon: &Daemon| {
+        let log = daemon.log();
+        log.iter()
+            .filter(|l| l.contains(" GET /health 204 "))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while logged(&daemon) < answered && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(logged(&daemon), answered, "{:?}", daemon.log());
     // The binary is in place, whole and executable, with no temporary beside it.
     assert_eq!(std::fs::read(&target).unwrap(), own_binary());
     let mode = std::fs::metadata(&target).unwrap().permissions().mode();

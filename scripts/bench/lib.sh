@@ -121,17 +121,23 @@ start_sandboxd() {
 # stop PID : SIGTERM and wait (sandboxd drains, nginx does a fast shutdown).
 stop() { kill -TERM "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
-# start_nginx 'SERVER BLOCK BODY' : nginx in the foreground (`daemon off`, so $! is the master
-# and the EXIT trap can stop it) with prefix, temp dirs, pid file and error log in a temp dir,
-# listening on a free 127.0.0.1 port. Sets NGINX_PID, NGINX_PORT.
+# start_nginx 'SERVER BLOCK BODY' [ACCESS_LOG] : nginx in the foreground (`daemon off`, so $! is
+# the master and the EXIT trap can stop it) with prefix, temp dirs, pid file and error log in a
+# temp dir of its own (several may run at once), listening on a free 127.0.0.1 port. ACCESS_LOG:
+# `off` (no log at all), or the file each request's line goes to (default /dev/null). Sets
+# NGINX_PID, NGINX_PORT, NGINX_DIR.
 #
 # worker_processes auto: one worker per CPU, nginx's own recommendation and what a production
 # config uses, so sandboxd is compared with nginx as its documentation tunes it on whatever
 # machine runs the benchmark (2 workers on a 2-core machine). keepalive_requests is raised so a
 # keep-alive connection is never closed by nginx during a run (sandboxd does not close them
-# either), and access_log goes to /dev/null because sandboxd's request log does too.
+# either), and access_log goes to /dev/null unless told (a script comparing CPU per request
+# names a file, as sandboxd's log goes to one, or `off`, nginx's cheapest).
 start_nginx() {
-    local dir=$BENCH_TMP/nginx
+    local dir access_log
+    dir=$(mktemp -d "$BENCH_TMP/nginx.XXXXXX")
+    NGINX_DIR=$dir
+    access_log=${2:-/dev/null}
     need_pkg nginx
     mkdir -p "$dir/logs" "$dir/tmp"
     for _ in 1 2 3 4 5; do
@@ -142,7 +148,7 @@ pid $dir/nginx.pid;
 error_log $dir/logs/error.log warn;
 events { worker_connections 4096; }
 http {
-    access_log /dev/null;
+    access_log $access_log;
     keepalive_requests 1000000;
     client_body_temp_path $dir/tmp/body;
     proxy_temp_path $dir/tmp/proxy;

@@ -3,15 +3,19 @@
 //! A line is text (`<RFC 3339 time> <message>`) or, with `--log-format json`, one JSON object
 //! with envd's field names ([`json`]); when the metadata service names a logs collector, every
 //! line is also queued, as JSON, for it ([`export`]). Each line is formatted into buffers of its
-//! thread and written with one `write(2)`, so lines from different threads never interleave, and
-//! logging a request neither allocates nor takes a lock (std's `Stderr` is a mutex that busy
-//! workers would queue on); exporting adds one short lock and a copy.
+//! thread, a request's without `core::fmt`; request lines are then held in the thread's buffer
+//! and written many at a time ([`buffer`]: at most a second late), any other line is written at
+//! once after them. Lines from different threads never interleave, and logging a request neither
+//! allocates nor waits on another thread (std's `Stderr` is a mutex that busy workers would queue
+//! on); exporting adds one short lock and a copy.
 
+mod buffer;
 pub mod export;
 mod json;
 
 use std::cell::RefCell;
 use std::fmt;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
@@ -20,6 +24,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::http::date::civil_from_days;
+use crate::http::digits::{push_padded, push_u64};
 use crate::http::query::redact_signature;
 
 /// Longest line a thread's buffers keep room for between lines.
@@ -54,49 +59,103 @@ struct Buffers {
     /// The message alone, then the line written.
     message: String,
     line: Vec<u8>,
+    /// The JSON form's timestamp.
+    stamp: Vec<u8>,
 }
 
 thread_local! {
     static BUFFERS: RefCell<Buffers> = const {
-        RefCell::new(Buffers { message: String::new(), line: Vec::new() })
+        RefCell::new(Buffers { message: String::new(), line: Vec::new(), stamp: Vec::new() })
     };
 }
 
-/// Writes one line (and queues it for the collector, if there is one).
+/// Writes one line (and queues it for the collector, if there is one). The request lines
+/// buffered by every thread are written first, so this line follows them.
 pub fn line(message: fmt::Arguments) {
-    emit(message, None, true);
+    emit(Message::Text(message), true);
 }
 
 /// A line for stderr only, never exported: the exporter's own complaints (which would
 /// otherwise feed themselves back into the queue they are about).
 pub fn local_line(message: fmt::Arguments) {
-    emit(message, None, false);
+    emit(Message::Text(message), false);
 }
 
-/// The request line: method, target without `signature`, status, body bytes, duration.
+/// The request line: method, target without `signature`, status, body bytes, duration. Held
+/// in the thread's buffer ([`buffer`]), written within a second.
 pub fn request(method: &str, target: &str, status: u16, bytes: u64, took: Duration) {
     let target = redact_signature(target);
-    let micros = took.as_micros();
     let fields = RequestFields {
         method,
         target: &target,
         status,
         bytes,
-        micros,
+        micros: took.as_micros(),
     };
-    emit(
-        format_args!("{method} {target} {status} {bytes} {micros}us"),
-        Some(fields),
-        true,
-    );
+    emit(Message::Request(fields), true);
 }
 
-fn emit(message: fmt::Arguments, request: Option<RequestFields>, exported: bool) {
+/// The calling thread's buffered request lines, written now: its worker is about to wait.
+pub fn flush_idle() {
+    buffer::flush_mine(write_stderr);
+}
+
+/// Every thread's buffered request lines, written now: on the timekeeper's round, at exit,
+/// before a live upgrade's `execve`.
+pub fn flush() {
+    buffer::flush_all(write_stderr);
+}
+
+enum Message<'a> {
+    Text(fmt::Arguments<'a>),
+    Request(RequestFields<'a>),
+}
+
+impl Message<'_> {
+    /// The message as text (the JSON form's `message`).
+    fn write_text(&self, text: &mut String) {
+        let _ = match self {
+            Message::Text(message) => fmt::write(text, *message),
+            Message::Request(r) => write!(
+                text,
+                "{} {} {} {} {}us",
+                r.method, r.target, r.status, r.bytes, r.micros
+            ),
+        };
+    }
+
+    /// The message straight into the line, without `core::fmt` for a request's.
+    fn write_bytes(&self, line: &mut Vec<u8>) {
+        match self {
+            Message::Text(message) => {
+                let _ = line.write_fmt(*message);
+            }
+            Message::Request(r) => {
+                line.extend_from_slice(r.method.as_bytes());
+                line.push(b' ');
+                line.extend_from_slice(r.target.as_bytes());
+                line.push(b' ');
+                push_u64(line, u64::from(r.status));
+                line.push(b' ');
+                push_u64(line, r.bytes);
+                line.push(b' ');
+                push_u64(line, u64::try_from(r.micros).unwrap_or(u64::MAX));
+                line.extend_from_slice(b"us");
+            }
+        }
+    }
+}
+
+fn emit(message: Message, exported: bool) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let json_on_stderr = JSON_ON_STDERR.load(Ordering::Relaxed);
     let exporting = exported && export::is_on();
+    let request = match &message {
+        Message::Request(fields) => Some(fields),
+        Message::Text(_) => None,
+    };
     BUFFERS.with(|buffers| {
         let Ok(mut buffers) = buffers.try_borrow_mut() else {
             return;
@@ -104,33 +163,37 @@ fn emit(message: fmt::Arguments, request: Option<RequestFields>, exported: bool)
         let Buffers {
             message: text,
             line,
+            stamp,
         } = &mut *buffers;
         line.clear();
         if json_on_stderr || exporting {
             // The message alone, to be escaped into the JSON object.
             text.clear();
-            let _ = fmt::write(text, message);
+            message.write_text(text);
             let operation = request
                 .is_some()
                 .then(|| OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1);
-            // `9999-12-31T23:59:59.999Z` is 24 bytes; a later year (saturated) is cut.
-            let mut stamp = [0u8; 32];
-            let mut cursor = io::Cursor::new(&mut stamp[..]);
-            write_timestamp(&mut cursor, now);
-            let written = usize::try_from(cursor.position()).unwrap_or(0);
-            json::write_line(line, &stamp[..written], text, request.as_ref(), operation);
+            stamp.clear();
+            write_timestamp(stamp, now);
+            json::write_line(line, stamp, text, request, operation);
             if exporting {
                 export::push(line);
             }
         }
         if !json_on_stderr {
-            // Formatted straight into the line (the common case: no JSON at all).
+            // Written straight into the line (the common case: no JSON at all).
             line.clear();
             write_timestamp(line, now);
-            let _ = write!(line, " {message}");
+            line.push(b' ');
+            message.write_bytes(line);
         }
         line.push(b'\n');
-        write_stderr(line);
+        if request.is_some() {
+            buffer::append(line, write_stderr);
+        } else {
+            buffer::flush_all(write_stderr);
+            write_stderr(line);
+        }
         if line.capacity() > KEPT_CAPACITY {
             *line = Vec::new();
         }
@@ -155,24 +218,54 @@ fn write_stderr(text: &[u8]) {
     }
 }
 
-fn write_timestamp(out: &mut impl Write, since_epoch: Duration) {
+/// `2023-11-14T22:13:20.123Z`, digits by hand (on every request line).
+fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
     // Past i64::MAX seconds (in 292 billion years) the timestamp saturates.
     let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-    let time = secs.rem_euclid(86_400);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        time / 3600,
-        time / 60 % 60,
-        time % 60,
-        since_epoch.subsec_millis()
-    );
+    let time = secs.rem_euclid(86_400).unsigned_abs();
+    let fields = [
+        (year.unsigned_abs(), 4, b'-'),
+        (month.unsigned_abs(), 2, b'-'),
+        (day.unsigned_abs(), 2, b'T'),
+        (time / 3600, 2, b':'),
+        (time / 60 % 60, 2, b':'),
+        (time % 60, 2, b'.'),
+        (u64::from(since_epoch.subsec_millis()), 3, b'Z'),
+    ];
+    for (value, width, after) in fields {
+        push_padded(out, value, width);
+        out.push(after);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::fuzzing::allocations_made;
+
+    #[test]
+    fn a_request_line_allocates_nothing_once_warm() {
+        std::thread::spawn(|| {
+            let line = || {
+                request(
+                    "GET",
+                    "/log-test?no-allocation",
+                    204,
+                    0,
+                    Duration::from_micros(9),
+                )
+            };
+            line();
+            let before = allocations_made();
+            for _ in 0..1000 {
+                line();
+            }
+            assert_eq!(allocations_made() - before, 0);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn timestamps_are_rfc3339_utc() {

@@ -271,6 +271,8 @@ fn exec(app: &App, listener: &std::net::TcpListener, binary: Option<&Binary>) ->
     let Some(program) = carry.descriptor(program) else {
         return format!("cannot execute '{shown}': its descriptor is not carried");
     };
+    // Lines buffered by the workers are this image's: written before it is replaced.
+    crate::log::flush();
     let error = crate::sys::exec::exec_fd(program, &args, &env);
     format!("cannot execute '{shown}': {error}")
 }

@@ -5,6 +5,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::digits::push_padded;
+
 const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
 const MONTHS: [&str; 12] = [
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
@@ -12,8 +14,15 @@ const MONTHS: [&str; 12] = [
 
 /// Formats Unix seconds as an IMF-fixdate.
 pub fn format(unix_secs: i64) -> String {
+    let mut text = Vec::with_capacity(29);
+    write(&mut text, unix_secs);
+    String::from_utf8(text).unwrap_or_default()
+}
+
+/// Appends Unix seconds as an IMF-fixdate, digits by hand.
+fn write(out: &mut Vec<u8>, unix_secs: i64) {
     let days = unix_secs.div_euclid(86_400);
-    let secs = unix_secs.rem_euclid(86_400);
+    let secs = unix_secs.rem_euclid(86_400).unsigned_abs();
     let (year, month, day) = civil_from_days(days);
     // In range by construction: `rem_euclid(7)` is in 0..7, `civil_from_days` gives a month in
     // 1..=12.
@@ -22,16 +31,26 @@ pub fn format(unix_secs: i64) -> String {
         DAYS[days.rem_euclid(7) as usize],
         MONTHS[(month - 1) as usize],
     );
-    format!(
-        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        weekday,
-        day,
-        month,
-        year,
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    out.extend_from_slice(weekday.as_bytes());
+    out.extend_from_slice(b", ");
+    push_padded(out, day.unsigned_abs(), 2);
+    out.push(b' ');
+    out.extend_from_slice(month.as_bytes());
+    out.push(b' ');
+    if year < 0 {
+        out.push(b'-');
+    }
+    push_padded(out, year.unsigned_abs(), 4);
+    out.push(b' ');
+    for (value, after) in [
+        (secs / 3600, b':'),
+        (secs / 60 % 60, b':'),
+        (secs % 60, b' '),
+    ] {
+        push_padded(out, value, 2);
+        out.push(after);
+    }
+    out.extend_from_slice(b"GMT");
 }
 
 /// Unix seconds of `time` (0 before the epoch).
@@ -95,7 +114,8 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// A `Date` header value cached per second, since formatting on every response is waste.
+/// A `Date` header value cached per second, since formatting on every response is waste; the
+/// next second is written into the same buffer (no allocation).
 pub(crate) struct DateCache {
     secs: i64,
     text: String,
@@ -106,7 +126,7 @@ impl DateCache {
     pub(crate) fn new() -> DateCache {
         DateCache {
             secs: i64::MIN,
-            text: String::new(),
+            text: String::with_capacity(32),
         }
     }
 
@@ -115,7 +135,11 @@ impl DateCache {
         let now = now_unix();
         if now != self.secs {
             self.secs = now;
-            self.text = format(now);
+            let mut bytes = std::mem::take(&mut self.text).into_bytes();
+            bytes.clear();
+            write(&mut bytes, now);
+            // ASCII by construction; a failure would only leave the header empty.
+            self.text = String::from_utf8(bytes).unwrap_or_default();
         }
         &self.text
     }

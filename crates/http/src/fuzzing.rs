@@ -21,6 +21,10 @@ use crate::response::{Response, ResponseBody};
 use crate::stream::Waker;
 use crate::Error;
 
+/// A global allocator counting each thread's allocations (`made`: the calling thread's so
+/// far), for tests that prove a path allocates nothing.
+pub use crate::sys::counting::{made as allocations_made, Counting};
+
 /// A socket made of memory: `recv` hands out the input queued so far and then `WouldBlock`
 /// (or end of stream once `eof`); everything sent is kept.
 #[derive(Default)]

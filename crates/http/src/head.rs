@@ -1,9 +1,12 @@
 //! Request heads: parsed by `httparse`, copied once into an owned [`Head`].
 //!
 //! The head owns one copy of its bytes and keeps ranges into it, so a request costs two
-//! allocations whatever its number of headers. Limits (SPEC §10): 64 KiB, 100 headers.
+//! vectors whatever its number of headers, and on a worker they are the previous request's
+//! ([`crate::spare`]): no allocation. Limits (SPEC §10): 64 KiB, 100 headers.
 
 use std::ops::Range;
+
+use crate::spare;
 
 /// Largest request line plus headers accepted.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -28,6 +31,14 @@ pub struct Head {
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub(crate) minor_version: u8,
     headers: Vec<(Range<usize>, Range<usize>)>,
+}
+
+/// The vectors go back to the thread's spares for the next request.
+impl Drop for Head {
+    fn drop(&mut self) {
+        spare::give_head_bytes(std::mem::take(&mut self.bytes));
+        spare::give_fields(std::mem::take(&mut self.headers));
+    }
 }
 
 impl Head {
@@ -64,12 +75,21 @@ impl Head {
             method: range_of(method.as_bytes()),
             target: range_of(target.as_bytes()),
             minor_version,
-            headers: request
-                .headers
-                .iter()
-                .map(|h| (range_of(h.name.as_bytes()), range_of(h.value)))
-                .collect(),
-            bytes: buf[..len].to_vec(),
+            headers: {
+                let mut fields = spare::fields();
+                fields.extend(
+                    request
+                        .headers
+                        .iter()
+                        .map(|h| (range_of(h.name.as_bytes()), range_of(h.value))),
+                );
+                fields
+            },
+            bytes: {
+                let mut bytes = spare::head_bytes();
+                bytes.extend_from_slice(&buf[..len]);
+                bytes
+            },
         };
         Ok(Some((head, len)))
     }

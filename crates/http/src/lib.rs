@@ -73,6 +73,7 @@ mod chunked;
 mod conn;
 pub mod date;
 pub mod deferred;
+pub mod digits;
 mod error;
 mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -84,6 +85,7 @@ mod pool;
 pub mod query;
 mod response;
 mod server;
+mod spare;
 pub mod stream;
 mod sys;
 

@@ -65,9 +65,15 @@ impl Pool {
         self.runs[index].store(0, Ordering::Release);
     }
 
+    /// Whether [`stand_by_if_spare`](Self::stand_by_if_spare) may stand by (a hint, read
+    /// without the lock).
+    pub(crate) fn may_stand_by(&self) -> bool {
+        self.taking_now.load(Ordering::Relaxed) > self.waiting
+    }
+
     /// Between runs: stands by while more workers take events than are needed, until woken.
     pub(crate) fn stand_by_if_spare(&self) {
-        if self.taking_now.load(Ordering::Relaxed) <= self.waiting {
+        if !self.may_stand_by() {
             return;
         }
         let mut taking = lock(&self.taking);
@@ -110,6 +116,18 @@ impl Pool {
         false
     }
 
+    /// Calls `each` with the index of every worker whose current run started longer than
+    /// [`STUCK`] ago.
+    pub(crate) fn each_stuck(&self, now: Instant, mut each: impl FnMut(usize)) {
+        let limit = self.micros(now).saturating_sub(STUCK_MICROS);
+        for (index, run) in self.runs.iter().enumerate() {
+            let started = run.load(Ordering::Acquire);
+            if started != 0 && started - 1 < limit {
+                each(index);
+            }
+        }
+    }
+
     pub(crate) fn is_watching(&self) -> bool {
         self.watching.load(Ordering::SeqCst)
     }
@@ -120,12 +138,9 @@ impl Pool {
 
     /// Workers whose current run started longer than [`STUCK`] ago.
     fn stuck(&self, now: Instant) -> usize {
-        let limit = self.micros(now).saturating_sub(STUCK_MICROS);
-        self.runs
-            .iter()
-            .map(|run| run.load(Ordering::Acquire))
-            .filter(|&started| started != 0 && started - 1 < limit)
-            .count()
+        let mut stuck = 0;
+        self.each_stuck(now, |_| stuck += 1);
+        stuck
     }
 
     fn micros(&self, at: Instant) -> u64 {

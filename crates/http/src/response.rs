@@ -7,9 +7,9 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::Write;
 
 use crate::deferred::Deferred;
+use crate::digits::push_u64;
 use crate::stream::StreamSource;
 
 /// What a response's body comes from.
@@ -93,6 +93,9 @@ impl Response {
         name: &'static str,
         value: impl Into<Cow<'static, str>>,
     ) -> Response {
+        if self.headers.capacity() == 0 {
+            self.headers = crate::spare::headers();
+        }
         self.headers.push((name, value.into()));
         self
     }
@@ -121,26 +124,32 @@ pub(crate) enum Framing {
     Close,
 }
 
-/// Appends the head of `response` to `out`; returns how its body is framed.
+/// Appends the head of `response` to `out`; returns how its body is framed. Bytes copied and
+/// digits written by hand: no `core::fmt` on the path of every answer.
 pub(crate) fn write_head(out: &mut Vec<u8>, response: &Response, options: &HeadOptions) -> Framing {
-    // Writing into a Vec cannot fail.
-    let _ = write!(
-        out,
-        "HTTP/1.1 {} {}\r\nServer: {}\r\nDate: {}\r\n",
-        response.status,
-        reason(response.status),
-        options.server,
-        options.date
-    );
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_u64(out, u64::from(response.status));
+    out.push(b' ');
+    out.extend_from_slice(reason(response.status).as_bytes());
+    out.extend_from_slice(b"\r\nServer: ");
+    out.extend_from_slice(options.server.as_bytes());
+    out.extend_from_slice(b"\r\nDate: ");
+    out.extend_from_slice(options.date.as_bytes());
+    out.extend_from_slice(b"\r\n");
     for (name, value) in &response.headers {
-        let _ = write!(out, "{name}: {value}\r\n");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     let framing = if !has_body(response.status) {
         Framing::None
     } else {
         match response.body.len() {
             Some(len) => {
-                let _ = write!(out, "Content-Length: {len}\r\n");
+                out.extend_from_slice(b"Content-Length: ");
+                push_u64(out, len);
+                out.extend_from_slice(b"\r\n");
                 Framing::Length
             }
             None if options.chunked_allowed => {
@@ -193,5 +202,62 @@ fn reason(status: u16) -> &'static str {
         505 => "HTTP Version Not Supported",
         507 => "Insufficient Storage",
         _ => "Unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(response: &Response, keep_alive: bool, http11: bool) -> (String, Framing) {
+        let mut out = b"before|".to_vec();
+        let options = HeadOptions {
+            server: "sandboxd",
+            date: "Tue, 14 Nov 2023 22:13:20 GMT",
+            keep_alive,
+            announce_keep_alive: !http11,
+            chunked_allowed: http11,
+        };
+        let framing = write_head(&mut out, response, &options);
+        (String::from_utf8(out).unwrap(), framing)
+    }
+
+    #[test]
+    fn heads_are_written_byte_for_byte() {
+        let health = Response::empty(204).with_header("Cache-Control", "no-store");
+        assert_eq!(
+            head(&health, true, true),
+            (
+                "before|HTTP/1.1 204 No Content\r\nServer: sandboxd\r\n\
+                 Date: Tue, 14 Nov 2023 22:13:20 GMT\r\nCache-Control: no-store\r\n\r\n"
+                    .into(),
+                Framing::None
+            )
+        );
+        let json = Response::json(404, b"{}".to_vec());
+        assert_eq!(
+            head(&json, false, false),
+            (
+                "before|HTTP/1.1 404 Not Found\r\nServer: sandboxd\r\n\
+                 Date: Tue, 14 Nov 2023 22:13:20 GMT\r\nContent-Type: application/json\r\n\
+                 Content-Length: 2\r\nConnection: close\r\n\r\n"
+                    .into(),
+                Framing::Length
+            )
+        );
+        let (text, framing) = head(
+            &Response::new(599, ResponseBody::Bytes(vec![0; 1_234_567])),
+            true,
+            false,
+        );
+        assert!(
+            text.starts_with("before|HTTP/1.1 599 Unknown\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("Content-Length: 1234567\r\nConnection: keep-alive\r\n\r\n"),
+            "{text}"
+        );
+        assert_eq!(framing, Framing::Length);
     }
 }

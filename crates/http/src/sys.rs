@@ -6,14 +6,20 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Readable (or the peer half-closed), one-shot: after one event the descriptor is disarmed
-/// until re-armed.
-pub const WANT_READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
-/// Writable, one-shot.
-pub const WANT_WRITE: u32 = (libc::EPOLLOUT | libc::EPOLLONESHOT) as u32;
-/// Only the peer leaving (hang-up, error, half-close), one-shot: a connection waiting for its
-/// producer.
-pub const WANT_HANGUP: u32 = (libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+/// What a parked connection waits for, as the timekeeper's sweep asks `poll` (readiness of a
+/// connection is reported by its edge-triggered registration, [`EDGE`]): readable or the peer
+/// half-closed.
+pub const WANT_READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+/// Writable.
+pub const WANT_WRITE: u32 = libc::EPOLLOUT as u32;
+/// Only the peer leaving (hang-up, error, half-close): a connection waiting for its producer.
+pub const WANT_HANGUP: u32 = libc::EPOLLRDHUP as u32;
+/// A connection's registration, made once: every change of readiness is reported as it
+/// happens (edge-triggered), so parking a connection needs no `epoll_ctl`. An edge reported
+/// while no worker awaits it is not repeated: the server keeps what it knows (see
+/// `server::worker`).
+pub const EDGE: u32 =
+    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET).cast_unsigned();
 
 /// Turns a libc return value into `io::Result`, reading `errno` when it is -1.
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -64,17 +70,29 @@ impl Epoll {
         Ok(())
     }
 
-    /// Waits up to `timeout_ms` (-1: forever) for one event; its token, or `None` on timeout.
-    /// One at a time: with one-shot registrations, an event taken is owned by this thread, and
-    /// a worker about to block on a disk must not hold events other workers could serve.
-    pub fn wait_one(&self, timeout_ms: i32) -> io::Result<Option<u64>> {
-        let mut event = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: `event` is one writable epoll_event; the kernel writes at most 1 entry.
-        let ret = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), &mut event, 1, timeout_ms) };
+    /// Waits up to `timeout_ms` (-1: forever) for events; their tokens go into `tokens` (at
+    /// most its capacity, which is left as is), and how many came is returned (0 on timeout or
+    /// interruption).
+    pub fn wait(&self, tokens: &mut Vec<u64>, timeout_ms: i32) -> io::Result<usize> {
+        const MOST: usize = 16;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; MOST];
+        let most = tokens
+            .capacity()
+            .saturating_sub(tokens.len())
+            .clamp(1, MOST);
+        let most_c = libc::c_int::try_from(most).unwrap_or(1);
+        // SAFETY: `events` holds `MOST` writable epoll_events and the kernel writes at most
+        // `most` <= MOST entries.
+        let ret = unsafe {
+            libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), most_c, timeout_ms)
+        };
         match check(ret) {
-            Ok(0) => Ok(None),
-            Ok(_) => Ok(Some(event.u64)),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Ok(n) => {
+                let n = usize::try_from(n).unwrap_or(0).min(most);
+                tokens.extend(events[..n].iter().map(|event| event.u64));
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
             Err(e) => Err(e),
         }
     }
@@ -134,4 +152,61 @@ pub fn sendfile(socket: RawFd, file: RawFd, offset: &mut u64, count: usize) -> i
     let sent = check_size(unsafe { libc::sendfile(socket, file, &mut off, count) })?;
     *offset = u64::try_from(off).unwrap_or(*offset);
     Ok(sent)
+}
+
+/// The allocator of the crate's unit tests (and, through [`crate::fuzzing`], of sandboxd's): the
+/// system's, counting each thread's allocations, so a test can prove a path allocates nothing
+/// (see `server::tests`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, counting.
+    pub struct Counting;
+
+    thread_local! {
+        static MADE: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Allocations (`alloc`, `alloc_zeroed`, `realloc`) made by the calling thread so far.
+    pub fn made() -> u64 {
+        MADE.with(Cell::get)
+    }
+
+    fn count() {
+        // Not while the thread ends (its counter may be gone).
+        let _ = MADE.try_with(|made| made.set(made.get() + 1));
+    }
+
+    // SAFETY: every call goes to the system allocator unchanged; counting touches only a
+    // const-initialised thread-local `Cell`, which never allocates.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count();
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, forwarded.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[cfg(test)]
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
 }

@@ -28,7 +28,7 @@ impl Conn {
     pub(super) fn respond<H: Handler>(
         &mut self,
         exchange: Exchange,
-        response: Response,
+        mut response: Response,
         after: After,
         cx: &mut Context<'_, H>,
     ) -> Step {
@@ -63,6 +63,7 @@ impl Conn {
             chunked_allowed: exchange.http11,
         };
         let framing = response::write_head(out, &response, &options);
+        crate::spare::give_headers(std::mem::take(&mut response.headers));
         let send_body = !exchange.head_only && framing != response::Framing::None;
         let after = if framing == response::Framing::Close {
             After::Close

@@ -27,9 +27,10 @@ impl Conn {
             Some(Err(error)) => return self.refuse(None, Error::Head(error), cx),
             None => {}
         }
-        if let (true, Phase::Idle { since }) = (self.park_before_reading, &self.phase) {
-            self.park_before_reading = false;
-            return Step::Wait(Wait::Read, Some(*since + cx.limits.idle_timeout));
+        if std::mem::take(&mut self.park_before_reading) {
+            if let (true, Phase::Idle { since }) = (io.drained(), &self.phase) {
+                return Step::Wait(Wait::Read, Some(*since + cx.limits.idle_timeout));
+            }
         }
         // Into the worker's scratch first: the connection keeps only the bytes that came.
         let want = HEAD_READ

@@ -52,6 +52,11 @@ pub(crate) trait Io {
     fn hung_up(&mut self) -> bool {
         false
     }
+    /// True when the last read found nothing more waiting, so the peer's next bytes will be
+    /// reported: an idle connection may then be parked without a read that would say so.
+    fn drained(&self) -> bool {
+        true
+    }
 }
 
 /// What the connection waits for when `run` returns.
@@ -117,8 +122,8 @@ pub(crate) struct Conn {
     /// How far `inbuf` was searched for the end of a head.
     scanned: usize,
     /// An answer was just written and nothing is buffered: the next request has most likely
-    /// not arrived, so park at once rather than pay a `recv` that would say so (epoll reports
-    /// a request that did arrive right away).
+    /// not arrived, so park at once rather than pay a `recv` that would say so, when the socket
+    /// was drained (then its next bytes are reported).
     park_before_reading: bool,
     phase: Phase,
 }

@@ -1,26 +1,35 @@
 //! The threads: workers that wait in one shared epoll and run whichever connection is ready,
 //! and a timekeeper that enforces deadlines.
 //!
-//! Every socket is non-blocking and registered one-shot, so an event hands its connection to
-//! exactly one worker, which owns it until it parks it again (see [`crate::conn`] for what a
-//! run does). Connections not being run live in [`Slots`]; a token names a slot and its
-//! generation, so an event for a closed connection whose slot was reused is recognised and
-//! dropped. An event or a wake-up that arrives while the connection is being run is not lost:
-//! the slot is marked, and the worker runs the connection again instead of parking it.
+//! Every connection's socket is non-blocking and registered once, edge-triggered: parking a
+//! connection costs no `epoll_ctl`. An edge comes only when new bytes (or room, or a hang-up)
+//! arrive, so a connection is parked waiting for one only when its last read came back short
+//! or refused (all there was: the next bytes bring an edge) or its last write was refused; one
+//! still ready (a turn's end) goes to the back of the line as a wake-up. Workers take up to
+//! [`BATCH`] events per `epoll_wait` and run them one by one; while a worker is stuck in one
+//! (a slow disk), the timekeeper hands the rest of its batch to the others. Connections not
+//! being run live in [`Slots`]; a token names a slot and its generation, so an event for a
+//! closed connection whose slot was reused is recognised and dropped. An event or a wake-up
+//! that arrives while the connection is being run is not lost: the slot is marked, and the
+//! worker runs the connection again instead of parking it.
 //!
 //! Work that does not come from a socket (a producer with new bytes for a streamed response,
 //! a deadline that passed) reaches the workers through [`Wakeups`], a queue signalled by an
 //! eventfd in the same epoll.
 //!
-//! - [`worker`]: a worker's loop (one event at a time) and the run of one connection, parked
-//!   again or closed after it; the socket as the connection's [`Io`](crate::conn::Io).
+//! - [`worker`]: a worker's loop (a batch of events, one at a time) and the run of one
+//!   connection, parked again or closed after it; the socket as the connection's
+//!   [`Io`](crate::conn::Io).
 //! - [`accept`]: accepting connections, and what an accept error costs.
 //! - [`slots`]: the parked connections, their tokens, deadlines and the partial-head budget.
 //! - [`wakeups`]: the queue of work that does not come from a socket.
-//! - [`timekeeper`]: deadlines, the accept backoff, stuck workers, [`Handler::tick`].
+//! - [`timekeeper`]: deadlines, the accept backoff, stuck workers (and their batches),
+//!   [`Handler::tick`].
 
 mod accept;
 mod slots;
+#[cfg(test)]
+mod tests;
 mod timekeeper;
 mod wakeups;
 mod worker;
@@ -44,6 +53,8 @@ use wakeups::Wakeups;
 const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
 const FIRST_SLOT: u64 = 2;
+/// Most events a worker takes from the epoll at once.
+const BATCH: usize = 8;
 /// Readable, one-shot, for the listener and the wake-up eventfd.
 const WANT_IN: u32 = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
 /// A worker's stack: what handlers need, with room for deflate's state (sandboxd's gzip
@@ -119,6 +130,9 @@ pub fn start<H: Handler>(
         timekeeper: Condvar::new(),
         timekeeper_lock: Mutex::new(()),
         pool: Pool::new(config.workers, config.waiting_workers),
+        batches: (0..config.workers)
+            .map(|_| Mutex::new(Vec::with_capacity(BATCH)))
+            .collect(),
         config,
     });
     for index in 0..shared.config.workers {
@@ -216,6 +230,8 @@ struct Shared<H> {
     timekeeper: Condvar,
     timekeeper_lock: Mutex<()>,
     pool: Pool,
+    /// Each worker's events taken but not run yet, in reverse order.
+    batches: Vec<Mutex<Vec<u64>>>,
 }
 
 /// A connection and its socket.

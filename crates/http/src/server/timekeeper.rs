@@ -1,6 +1,7 @@
 //! The timekeeper thread: the one place where time passes without a socket event. It hands
 //! connections whose deadline passed to the workers, resumes accepting after a backoff, wakes
-//! standby workers to replace stuck ones, and calls [`Handler::tick`].
+//! standby workers to replace stuck ones and hands the events a stuck one took to the others,
+//! and calls [`Handler::tick`].
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ impl<H: Handler> Shared<H> {
             let now = Instant::now();
             if self.pool.is_watching() {
                 self.pool.watch(now);
+                self.pool
+                    .each_stuck(now, |index| self.hand_over_batch(index));
             }
             if paused.is_some_and(|until| now >= until) {
                 *lock(&self.accept_paused_until) = None;

@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use super::accept::ACCEPT_BACKOFF;
 use super::wakeups::Dispatch;
-use super::{lock, Connection, Shared, LISTENER, WAKE};
+use super::{lock, Connection, Shared, BATCH, LISTENER, WAKE, WANT_IN};
 use crate::conn::{Context, Io, Next, Wait};
 use crate::date::DateCache;
 use crate::handler::Handler;
 use crate::stream::Waker;
-use crate::sys::{self, WANT_HANGUP, WANT_READ, WANT_WRITE};
+use crate::sys::{self, EDGE, WANT_HANGUP, WANT_READ, WANT_WRITE};
 
 /// A worker's buffer for request bodies.
 const SCRATCH_BYTES: usize = 256 * 1024;
@@ -41,44 +41,96 @@ impl<H: Handler> Shared<H> {
             date: DateCache::new(),
             spare: None,
         };
+        let mut waited = Vec::with_capacity(BATCH);
+        // Requests were run since the handler was last told the worker is idle.
+        let mut ran = false;
         loop {
+            if ran && self.pool.may_stand_by() {
+                ran = false;
+                self.handler.idle();
+            }
             self.pool.stand_by_if_spare();
-            let token = match self.epoll.wait_one(-1) {
-                Ok(Some(token)) => token,
-                Ok(None) => continue,
+            // After a batch, first a look without waiting: only when nothing is ready is the
+            // handler told, before the worker blocks.
+            waited.clear();
+            match self.epoll.wait(&mut waited, if ran { 0 } else { -1 }) {
+                Ok(0) if ran => {
+                    ran = false;
+                    self.handler.idle();
+                    continue;
+                }
+                Ok(0) => continue,
+                Ok(_) => {}
                 Err(e) => {
                     self.handler
                         .notice(format_args!("epoll_wait failed: {e}; retrying"));
                     thread::sleep(ACCEPT_BACKOFF);
                     continue;
                 }
-            };
-            if self.pool.run_started(index) {
-                let _guard = lock(&self.timekeeper_lock);
-                self.timekeeper.notify_all();
             }
-            match token {
-                LISTENER => self.accept(&mut worker),
-                WAKE => match self.wakeups.pop(&self.epoll) {
-                    Some(Dispatch::Wake(token)) => {
-                        let connection = lock(&self.slots).take(token);
-                        if let Some(connection) = connection {
-                            self.drive(token, connection, &mut worker);
-                        }
-                    }
-                    Some(Dispatch::Run(token, connection)) => {
-                        self.drive(token, *connection, &mut worker)
-                    }
-                    None => {}
-                },
-                token => {
+            // Taken one at a time from the worker's batch, in the order they came; while it
+            // is stuck in one, the timekeeper hands the rest to others (`hand_over_batch`).
+            waited.reverse();
+            lock(&self.batches[index]).append(&mut waited);
+            loop {
+                let next = lock(&self.batches[index]).pop();
+                let Some(token) = next else {
+                    break;
+                };
+                self.run_one(index, token, &mut worker);
+            }
+            ran = true;
+        }
+    }
+
+    fn run_one(&self, index: usize, token: u64, worker: &mut Worker) {
+        if self.pool.run_started(index) {
+            let _guard = lock(&self.timekeeper_lock);
+            self.timekeeper.notify_all();
+        }
+        match token {
+            LISTENER => self.accept(worker),
+            WAKE => match self.wakeups.pop(&self.epoll) {
+                Some(Dispatch::Wake(token)) => {
                     let connection = lock(&self.slots).take(token);
                     if let Some(connection) = connection {
-                        self.drive(token, connection, &mut worker);
+                        self.drive(token, connection, worker);
                     }
                 }
+                Some(Dispatch::Run(token, connection)) => self.drive(token, *connection, worker),
+                None => {}
+            },
+            token => {
+                let connection = lock(&self.slots).take(token);
+                if let Some(connection) = connection {
+                    self.drive(token, connection, worker);
+                }
             }
-            self.pool.run_ended(index);
+        }
+        self.pool.run_ended(index);
+    }
+
+    /// The events a stuck worker took but has not run, handed to the others: a connection's
+    /// as a wake-up, the listener and the wake-up eventfd re-armed (their registration is
+    /// one-shot, and the event was taken).
+    pub(super) fn hand_over_batch(&self, index: usize) {
+        let tokens: Vec<u64> = {
+            let mut batch = lock(&self.batches[index]);
+            if batch.is_empty() {
+                return;
+            }
+            batch.drain(..).rev().collect()
+        };
+        for token in tokens {
+            match token {
+                LISTENER => self.rearm_listener(),
+                WAKE => {
+                    let _ = self
+                        .epoll
+                        .modify(self.wakeups.fd.as_raw_fd(), WAKE, WANT_IN);
+                }
+                token => self.wakeups.push(Dispatch::Wake(token)),
+            }
         }
     }
 
@@ -104,7 +156,11 @@ impl<H: Handler> Shared<H> {
                 in_flight: &self.in_flight,
                 spare: &mut worker.spare,
             };
-            let mut io = SocketIo(&connection.socket);
+            let mut io = SocketIo {
+                socket: &connection.socket,
+                drained: false,
+                write_blocked: false,
+            };
             let (wait, deadline) = match connection.conn.run(&mut io, &mut cx) {
                 Next::Close => {
                     lock(&self.slots).release(token);
@@ -112,24 +168,28 @@ impl<H: Handler> Shared<H> {
                 }
                 Next::Park { wait, deadline } => (wait, deadline),
             };
-            let interest = match wait {
-                Wait::Read => WANT_READ,
-                Wait::Write => WANT_WRITE,
-                Wait::Producer => WANT_HANGUP,
+            // The registration is edge-triggered: an edge comes only after the socket ran dry
+            // (a read short of the buffer or refused, a write refused). A connection still
+            // ready for what it waits for (a turn's end: see `TURN_BYTES`) goes to the back of
+            // the line as a wake-up instead.
+            let (interest, ready) = match wait {
+                Wait::Read => (WANT_READ, !io.drained),
+                Wait::Write => (WANT_WRITE, !io.write_blocked),
+                Wait::Producer => (WANT_HANGUP, false),
             };
-            // Armed before it is parked: an event that comes first finds the slot busy and marks
-            // it, and the connection is run again below instead of being parked.
-            let fd = connection.socket.as_raw_fd();
-            let armed = if connection.registered {
-                self.epoll.modify(fd, token, interest)
-            } else {
-                self.epoll.add(fd, token, interest)
-            };
-            if armed.is_err() {
-                lock(&self.slots).release(token);
-                return;
+            // Registered once, before it is first parked: an edge that comes before it is
+            // parked finds the slot busy and marks it, and the connection is run again below.
+            if !connection.registered {
+                if self
+                    .epoll
+                    .add(connection.socket.as_raw_fd(), token, EDGE)
+                    .is_err()
+                {
+                    lock(&self.slots).release(token);
+                    return;
+                }
+                connection.registered = true;
             }
-            connection.registered = true;
             let evicted = {
                 let mut slots = lock(&self.slots);
                 match slots.park(token, connection, deadline, interest) {
@@ -140,6 +200,9 @@ impl<H: Handler> Shared<H> {
                     }
                 }
             };
+            if ready {
+                self.wakeups.push(Dispatch::Wake(token));
+            }
             // Closed outside the lock.
             drop(evicted);
             return;
@@ -147,27 +210,50 @@ impl<H: Handler> Shared<H> {
     }
 }
 
-/// The socket of a connection, non-blocking.
-struct SocketIo<'a>(&'a TcpStream);
+/// The socket of a connection, non-blocking, and what one run learnt of its readiness.
+struct SocketIo<'a> {
+    socket: &'a TcpStream,
+    /// The last read found no more bytes waiting (refused, or short of the buffer: all there
+    /// was), so the next bytes bring an edge.
+    drained: bool,
+    /// A write was refused for want of room, so room brings an edge.
+    write_blocked: bool,
+}
 
 impl Io for SocketIo<'_> {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        sys::recv_nonblocking(self.0.as_raw_fd(), buf)
+        let read = sys::recv_nonblocking(self.socket.as_raw_fd(), buf);
+        self.drained = !matches!(read, Ok(n) if n == buf.len() && n > 0);
+        read
     }
 
     fn send(&mut self, buf: &[u8], more: bool) -> io::Result<usize> {
-        sys::send(self.0.as_raw_fd(), buf, more)
+        let sent = sys::send(self.socket.as_raw_fd(), buf, more);
+        self.note_write(&sent);
+        sent
     }
 
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize> {
-        sys::sendfile(self.0.as_raw_fd(), file.as_raw_fd(), offset, count)
+        let sent = sys::sendfile(self.socket.as_raw_fd(), file.as_raw_fd(), offset, count);
+        self.note_write(&sent);
+        sent
     }
 
     fn hung_up(&mut self) -> bool {
-        sys::is_ready(self.0.as_raw_fd(), WANT_HANGUP)
+        sys::is_ready(self.socket.as_raw_fd(), WANT_HANGUP)
     }
 
     fn shutdown_write(&mut self) {
-        let _ = self.0.shutdown(Shutdown::Write);
+        let _ = self.socket.shutdown(Shutdown::Write);
+    }
+
+    fn drained(&self) -> bool {
+        self.drained
+    }
+}
+
+impl SocketIo<'_> {
+    fn note_write(&mut self, sent: &io::Result<usize>) {
+        self.write_blocked = matches!(sent, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
     }
 }

@@ -1,0 +1,223 @@
+//! The server through real sockets: workers blocked in their handler (as on a slow disk) are
+//! replaced by standby ones, and the events they took are handed to others; and no allocation
+//! per keep-alive request once the workers are warm. The crate's unit tests run on a counting
+//! allocator (`sys::counting`); the handler's `log`, called on the worker after each answer,
+//! adds what its thread allocated since its previous request, so everything a worker does
+//! between two requests is counted: the wait for events, the read, the head, the handler's
+//! answer, the head written, the send.
+
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::sys::counting;
+use crate::{Action, Config, Error, Handler, Head, Record, Response};
+
+fn serve<H: Handler>(workers: usize, waiting_workers: usize, handler: H) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeout = Duration::from_secs(30);
+    let config = Config {
+        workers,
+        waiting_workers,
+        header_timeout: timeout,
+        idle_timeout: timeout,
+        send_timeout: timeout,
+        body_timeout: timeout,
+        discard_cap: 1 << 20,
+        partial_head_budget: 1 << 20,
+        collect_budget: 1 << 20,
+        server_header: "test".into(),
+    };
+    std::mem::forget(super::start(listener, config, handler).unwrap());
+    addr
+}
+
+/// How long `/block` holds its worker.
+const BLOCK: Duration = Duration::from_millis(1500);
+
+/// `/block`: sleeps in the handler, then 204; anything else: 204 at once.
+struct Blocking;
+
+impl Handler for Blocking {
+    fn begin(&self, head: &Head) -> Action {
+        if head.path() == "/block" {
+            thread::sleep(BLOCK);
+        }
+        Action::Respond(Response::empty(204))
+    }
+
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
+        Response::empty(error.status())
+    }
+
+    fn log(&self, _record: &Record<'_>) {}
+
+    fn notice(&self, _message: std::fmt::Arguments<'_>) {}
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    socket.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn workers_blocked_in_their_handler_are_replaced_by_standby_ones() {
+    // One worker takes events; two stand by.
+    let addr = serve(3, 1, Blocking);
+    let blocked: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || get(addr, "/block")))
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+
+    let started = Instant::now();
+    let answer = get(addr, "/health");
+    let took = started.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    assert!(
+        took < BLOCK / 3,
+        "answered after {took:?}: no standby worker replaced the blocked ones"
+    );
+    for blocked in blocked {
+        assert!(blocked.join().unwrap().starts_with("HTTP/1.1 204"));
+    }
+}
+
+/// One request on a new keep-alive connection, so that it is registered and parked.
+fn keep_alive(addr: SocketAddr) -> TcpStream {
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    read_answer(&mut socket);
+    socket
+}
+
+fn read_answer(socket: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        assert_eq!(socket.read(&mut byte).unwrap(), 1, "closed");
+        answer.push(byte[0]);
+    }
+    String::from_utf8(answer).unwrap()
+}
+
+#[test]
+fn events_taken_by_a_worker_that_blocks_are_handed_to_another() {
+    // One worker takes events, in batches; one stands by.
+    let addr = serve(2, 1, Blocking);
+    let (mut blocking, mut quick) = (keep_alive(addr), keep_alive(addr));
+    for _ in 0..3 {
+        // Both requests reach the waiting worker's next batch (most often): the first blocks
+        // it, and the second's event is handed to the standby worker instead of waiting.
+        blocking
+            .write_all(b"GET /block HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        quick
+            .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let started = Instant::now();
+        assert!(read_answer(&mut quick).starts_with("HTTP/1.1 204"));
+        let took = started.elapsed();
+        assert!(
+            took < BLOCK / 3,
+            "answered after {took:?}, behind the blocked request"
+        );
+        assert!(read_answer(&mut blocking).starts_with("HTTP/1.1 204"));
+    }
+}
+
+thread_local! {
+    /// The thread's allocations already added to `ON_WORKERS`.
+    static REPORTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Answers as sandboxd's `/health` does (204 with a header), counting the workers'
+/// allocations.
+#[derive(Default)]
+struct Health {
+    on_workers: AtomicU64,
+    logged: AtomicU64,
+}
+
+impl Handler for &'static Health {
+    fn begin(&self, _head: &Head) -> Action {
+        Action::Respond(Response::empty(204).with_header("Cache-Control", "no-store"))
+    }
+
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
+        Response::empty(error.status())
+    }
+
+    fn log(&self, _record: &Record<'_>) {
+        let made = counting::made();
+        let before = REPORTED.with(|reported| reported.replace(made));
+        self.on_workers.fetch_add(made - before, Ordering::SeqCst);
+        self.logged.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn notice(&self, _message: std::fmt::Arguments<'_>) {}
+}
+
+/// `rounds` requests on each connection in turn.
+fn requests(connections: &mut [TcpStream], rounds: usize) {
+    const REQUEST: &[u8] = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n";
+    let mut answer = [0u8; 512];
+    for _ in 0..rounds {
+        for connection in connections.iter_mut() {
+            connection.write_all(REQUEST).unwrap();
+            let mut read = 0;
+            while !answer[..read].ends_with(b"\r\n\r\n") {
+                let n = connection.read(&mut answer[read..]).unwrap();
+                assert!(n > 0, "closed");
+                read += n;
+            }
+            assert!(answer.starts_with(b"HTTP/1.1 204 No Content\r\n"));
+        }
+    }
+}
+
+/// Waits until `n` requests were logged (a log comes after its answer is sent).
+fn logged(handler: &Health, n: u64) {
+    for _ in 0..1000 {
+        if handler.logged.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "{} requests logged of {n}",
+        handler.logged.load(Ordering::SeqCst)
+    );
+}
+
+#[test]
+fn a_warm_worker_answers_keep_alive_requests_without_allocating() {
+    let handler: &'static Health = Box::leak(Box::default());
+    let addr = serve(2, 2, handler);
+    let mut connections: Vec<TcpStream> =
+        (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    requests(&mut connections, 50);
+    logged(handler, 200);
+    let warm = handler.on_workers.load(Ordering::SeqCst);
+    assert!(warm > 0, "the count works: the first requests allocate");
+
+    requests(&mut connections, 500);
+    // One more round, so that what each worker did after its last counted request (waiting
+    // for the next) is counted too.
+    requests(&mut connections, 1);
+    logged(handler, 2204);
+    let made = handler.on_workers.load(Ordering::SeqCst) - warm;
+    assert_eq!(made, 0, "allocations in 2,004 keep-alive requests");
+}
