@@ -154,6 +154,18 @@ mod tests {
     }
 
     #[test]
+    fn help_says_first_what_the_daemon_is() {
+        let help = help();
+        let first = help.lines().next().unwrap();
+        assert_eq!(
+            first,
+            "sandboxd: the daemon inside every sandbox, a drop-in for E2B's envd. Over HTTP: files (download,"
+        );
+        assert!(help.contains("Connect filesystem and process services"));
+        assert!(sign_help().starts_with("Usage: sandboxd sign PATH [SIGN OPTIONS]"));
+    }
+
+    #[test]
     fn help_lists_every_option_with_its_variable_and_default() {
         let help = help();
         for opt in OPTIONS {
