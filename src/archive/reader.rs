@@ -381,8 +381,7 @@ impl Reader {
             };
             let extended = &mut self.extended;
             match key {
-                // A name with a NUL in it names no file: refused here, as the archive's fault,
-                // before anything downstream (a C string) could fail on it.
+                // A name with a NUL names no file: the archive's fault, before a C string fails.
                 b"path" => extended.path = Some(name(value).ok_or(bad("a path with a NUL byte"))?),
                 b"linkpath" => {
                     extended.link = Some(name(value).ok_or(bad("a linkpath with a NUL byte"))?)
