@@ -199,6 +199,9 @@ impl Relay {
         self.share.give(before - self.ports.len());
     }
 
+    /// The port's listener and every connection through it, each reset both ways: a
+    /// connection still open here has not ended both ways, and a clean close would let its
+    /// client take what it got so far for the whole stream.
     fn close_port(&mut self, port: u16) {
         self.close_listener(port);
         for index in 0..self.pairs.len() {
@@ -206,7 +209,7 @@ impl Relay {
                 .as_ref()
                 .is_some_and(|pair| pair.port == port)
             {
-                self.remove(index, false);
+                self.remove(index, true);
             }
         }
     }
