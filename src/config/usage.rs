@@ -26,8 +26,8 @@ fractional):
 const ENVD_HEAD: &str = "
 envd's flags, accepted so envd's unit file and Makefile run sandboxd unchanged: one dash or two,
 a value after '=' or as the next argument, a switch's only after '=' (-isnotfc=false). Started
-under the name envd, sandboxd reads the metadata service at 169.254.169.254:80 unless -isnotfc
-or --mmds-address is given:
+under the name envd, sandboxd reads the metadata service at envd's link-local address unless
+-isnotfc or --mmds-address is given:
 ";
 
 const SIGN_HEAD: &str = "\

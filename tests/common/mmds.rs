@@ -1,7 +1,7 @@
 //! A fake of Firecracker's metadata service (MMDS v2) on 127.0.0.1:0: a session token by `PUT
 //! /latest/api/token`, the metadata by `GET /` as JSON; it can stall or answer garbage, and it
 //! counts reads and requests outside the protocol. The host tests give its address to the daemon
-//! (`--mmds-address`); the VM tests (vm/tests/) forward the guest's 169.254.169.254:80 to it. It
+//! (`--mmds-address`); the VM tests (vm/tests/) forward the guest's metadata address to it (`guestfwd`). It
 //! only listens on loopback.
 
 use std::io::{Read, Write};

@@ -1,4 +1,4 @@
-//! The metadata service as the guest sees it at 169.254.169.254:80: the host tests' fake of
+//! The metadata service as the guest sees it at its link-local address: the host tests' fake of
 //! Firecracker's MMDS v2 (tests/common/mmds.rs) on the host's 127.0.0.1, reached through QEMU's
 //! `guestfwd` (one `socat` per connection), holding what E2B puts there.
 

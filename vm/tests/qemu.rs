@@ -1,7 +1,7 @@
 //! One QEMU guest per test, as E2B runs a sandbox: the guest at 169.254.0.21 on QEMU's user
 //! network with `restrict=on` (it reaches nothing but the forwards below), the daemon's port and
 //! one service port forwarded from 127.0.0.1 on the host (`hostfwd`), the metadata service at
-//! 169.254.169.254:80 forwarded to a fake on the host's loopback (`guestfwd`), a QMP socket to
+//! the guest's metadata address forwarded to a fake on the host's loopback (`guestfwd`), a QMP socket to
 //! stop, snapshot and end it. The QEMU process is this test's own child and is killed by its pid
 //! when the `Vm` is dropped. KVM is used when a probe boot shows it works, else TCG.
 

@@ -41,7 +41,7 @@ pub const MMDS_ADDRESS: Setting<Option<SocketAddr>> = Setting {
         value: "HOST:PORT",
         default: Fallback::Words("none: no metadata service"),
         help: "Firecracker's metadata service (MMDS v2): the sandbox's identity and the hash of \
-               the token `/init` may set (envd's is `169.254.169.254:80`)",
+               the token `/init` may set (envd's is Firecracker's link-local one, port 80)",
     },
     parse: |flag, text| parse_addr(flag, text).map(Some),
     absent: Some(|| None),
