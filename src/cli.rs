@@ -1,7 +1,7 @@
 //! The subcommands that are not the daemon: `--healthcheck` and `sign`.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,16 +10,16 @@ use crate::config::{SignRequest, ACCESS_TOKEN, ACCESS_TOKEN_FILE};
 use crate::http::date;
 use crate::token;
 
-/// Probes `/health` at `target` (`ADDR:PORT`, or `localhost:PORT`: `127.0.0.1` then `::1`, the
-/// first that accepts): 0 when it answers 204, 1 otherwise (for images without curl).
-pub fn healthcheck(target: &str) -> ExitCode {
+/// Probes `/health` at the first of `addrs` that accepts (`target` is how they were given, for
+/// the messages): 0 when it answers 204, 1 otherwise (for images without curl).
+pub fn healthcheck(target: &str, addrs: &[SocketAddr]) -> ExitCode {
     let timeout = Duration::from_secs(3);
     let addr = target;
     let result = (|| -> std::io::Result<bool> {
         let mut last = None;
         let mut connected = None;
-        for candidate in health_addresses(target) {
-            match TcpStream::connect_timeout(&candidate, timeout) {
+        for candidate in addrs {
+            match TcpStream::connect_timeout(candidate, timeout) {
                 Ok(stream) => {
                     connected = Some(stream);
                     break;
@@ -52,25 +52,6 @@ pub fn healthcheck(target: &str) -> ExitCode {
             eprintln!("sandboxd: cannot probe {addr}: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// The addresses of a `--healthcheck` target: an address, or `localhost`'s two. Names are not
-/// resolved otherwise: the resolver would cost the binary 24 KB for a probe that runs beside
-/// the daemon.
-fn health_addresses(target: &str) -> Vec<SocketAddr> {
-    if let Ok(addr) = target.parse() {
-        return vec![addr];
-    }
-    match target.rsplit_once(':') {
-        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => match port.parse() {
-            Ok(port) => vec![
-                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
-                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port),
-            ],
-            Err(_) => Vec::new(),
-        },
-        _ => Vec::new(),
     }
 }
 

@@ -95,9 +95,9 @@ pub enum Command {
     /// `--handover-schema`: print the highest live-upgrade handover layout this build reads
     /// (`upgrade::state::SCHEMA`); `/upgrade` asks a new binary before it hands over.
     HandoverSchema,
-    /// Probe `/health` at this address (`HOST:PORT`, a name resolved when probed); exit 0 when
-    /// it answers 204.
-    Healthcheck(String),
+    /// Probe `/health` at the first of these addresses that accepts (the target as given, and
+    /// its addresses); exit 0 when it answers 204.
+    Healthcheck(String, Vec<SocketAddr>),
     Sign(SignRequest),
     /// `sign --help`: the sign options.
     SignHelp,
@@ -120,10 +120,11 @@ pub fn parse(
         Some("--healthcheck") => {
             let config = parse_serve(program, &[], env)?;
             return match &args[1..] {
-                [] => Ok(Command::Healthcheck(
-                    local_address(config.listen).to_string(),
-                )),
-                [target] => Ok(Command::Healthcheck(health_target(target)?)),
+                [] => {
+                    let addr = local_address(config.listen);
+                    Ok(Command::Healthcheck(addr.to_string(), vec![addr]))
+                }
+                [target] => Ok(Command::Healthcheck(target.clone(), health_target(target)?)),
                 _ => Err("--healthcheck takes at most one address".into()),
             };
         }
@@ -325,19 +326,27 @@ fn parse_sign(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<C
     Ok(Command::Sign(request))
 }
 
-/// `--healthcheck`'s target: an address (`127.0.0.1:49983`, `[::1]:49983`) or
-/// `localhost:PORT`, checked here.
-fn health_target(text: &str) -> Result<String, String> {
-    let localhost = text.rsplit_once(':').is_some_and(|(host, port)| {
-        host.eq_ignore_ascii_case("localhost") && port.parse::<u16>().is_ok()
-    });
-    if localhost || text.parse::<SocketAddr>().is_ok() {
-        Ok(text.to_string())
-    } else {
-        Err(format!(
-            "--healthcheck: '{text}' is not an address like 127.0.0.1:49983 or localhost:49983"
-        ))
+/// `--healthcheck`'s target: an address (`127.0.0.1:49983`, `[::1]:49983`) or `localhost:PORT`
+/// (`127.0.0.1` then `::1`). Names are not resolved otherwise: the resolver would cost the
+/// binary 24 KB for a probe that runs beside the daemon.
+fn health_target(text: &str) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(vec![addr]);
     }
+    match text.rsplit_once(':') {
+        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => match port.parse() {
+            Ok(port) => Ok(vec![
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port),
+                SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), port),
+            ]),
+            Err(_) => Err(health_error(text)),
+        },
+        _ => Err(health_error(text)),
+    }
+}
+
+fn health_error(text: &str) -> String {
+    format!("--healthcheck: '{text}' is not an address like 127.0.0.1:49983 or localhost:49983")
 }
 
 /// The address to probe a daemon listening on `listen`: a wildcard becomes loopback.
@@ -510,7 +519,10 @@ mod tests {
     fn healthcheck_defaults_to_loopback_of_the_listen_port() {
         assert_eq!(
             parse("sandboxd", &args(&["--healthcheck"]), &no_env).unwrap(),
-            Command::Healthcheck("127.0.0.1:49983".into())
+            Command::Healthcheck(
+                "127.0.0.1:49983".into(),
+                vec!["127.0.0.1:49983".parse().unwrap()]
+            )
         );
         assert_eq!(
             parse(
@@ -519,12 +531,17 @@ mod tests {
                 &no_env
             )
             .unwrap(),
-            Command::Healthcheck("127.0.0.1:5".into())
+            Command::Healthcheck("127.0.0.1:5".into(), vec!["127.0.0.1:5".parse().unwrap()])
         );
-        for target in ["localhost:49983", "LOCALHOST:1", "[::1]:7"] {
+        for (target, addrs) in [
+            ("localhost:49983", &["127.0.0.1:49983", "[::1]:49983"][..]),
+            ("LOCALHOST:1", &["127.0.0.1:1", "[::1]:1"]),
+            ("[::1]:7", &["[::1]:7"]),
+        ] {
+            let addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
             assert_eq!(
                 parse("sandboxd", &args(&["--healthcheck", target]), &no_env).unwrap(),
-                Command::Healthcheck(target.into())
+                Command::Healthcheck(target.into(), addrs)
             );
         }
         for bad in [

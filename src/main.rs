@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             println!("{}", sandboxd::upgrade::state::SCHEMA);
             ExitCode::SUCCESS
         }
-        Command::Healthcheck(target) => sandboxd::healthcheck(&target),
+        Command::Healthcheck(target, addrs) => sandboxd::healthcheck(&target, &addrs),
         Command::SignHelp => {
             print!("{}", sandboxd::sign_help());
             ExitCode::SUCCESS

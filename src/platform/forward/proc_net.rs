@@ -94,13 +94,7 @@ fn shown(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn l(ip: &str, port: u16) -> Listening {
-        Listening {
-            ip: ip.parse().unwrap(),
-            port,
-        }
-    }
+    use crate::platform::forward::scan::tests::l;
 
     /// A word as this machine's kernel prints it.
     fn hex(octets: [u8; 4]) -> String {

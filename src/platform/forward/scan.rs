@@ -252,10 +252,11 @@ pub fn plan(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn l(ip: &str, port: u16) -> Listening {
+    /// A listener at `ip`:`port` (also `proc_net`'s tests').
+    pub(in crate::platform::forward) fn l(ip: &str, port: u16) -> Listening {
         Listening {
             ip: ip.parse().unwrap(),
             port,
