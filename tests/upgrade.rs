@@ -226,6 +226,11 @@ fn a_new_binary_takes_over_in_the_same_process_with_the_state_and_no_refused_con
     let mode = std::fs::metadata(&target).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o755);
     assert_eq!(files_in(dir.path()), vec![target.clone()]);
+    // The process runs the file at the path, by that name (as after envd's upgrade, and as
+    // `ps`, systemd and a later upgrade of the running binary see it), not the unnamed staged
+    // file's `#1234 (deleted)`: found in a VM guest.
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(exe, target.canonicalize().unwrap());
     // /init's state came along: the rotated token, the variables, the order of /inits.
     let envs = daemon.call_with("GET", "/envs", &[("X-Access-Token", "rotated")], b"");
     assert_eq!(envs.status, 200);

@@ -130,7 +130,7 @@ impl Receiver {
             )));
         }
         takes_over(&binary, &name)?;
-        self.staging.place(&binary).map_err(|e| {
+        let binary = self.staging.place(binary).map_err(|e| {
             ApiError::internal(format!("cannot put the new binary at '{name}': {e}"))
         })?;
         self.placed = true;

@@ -21,6 +21,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Component, Path, PathBuf};
 
 use crate::sys::dir::{Dir, Stat};
@@ -97,12 +98,29 @@ impl Staging {
     /// second name, so that the very file checked is placed whatever the staged name holds by
     /// then, and renamed over the path (a binary running from there keeps running: its file is
     /// replaced, not rewritten); a staged name is removed.
-    pub fn place(&self, binary: &File) -> io::Result<()> {
+    ///
+    /// Returns the file to execute: the placed name opened again (not following a symlink)
+    /// when it is still the staged file (same device and inode), so that the process's
+    /// `/proc/PID/exe` names `--upgrade-path`, as after envd's upgrade; an unnamed file's own
+    /// descriptor would leave it reading `/dir/#1234 (deleted)`. Anything else there by then
+    /// (only root can write in this directory) is not run: the staged descriptor is.
+    pub fn place(&self, binary: File) -> io::Result<File> {
         let _ = self.dir.remove(&self.placing, false);
-        self.dir.link_file(binary, &self.placing)?;
+        self.dir.link_file(&binary, &self.placing)?;
         self.dir.rename(&self.placing, &self.dir, &self.name)?;
         self.discard();
-        Ok(())
+        let staged = crate::sys::dir::fstat(binary.as_fd())?.id();
+        let named = self.dir.open_file(&self.name, libc::O_RDONLY);
+        match named {
+            Ok(named) if crate::sys::dir::fstat(named.as_fd())?.id() == staged => Ok(named),
+            _ => {
+                crate::log::line(format_args!(
+                    "upgrade: '{}' is no longer the file placed; the staged file runs",
+                    self.target.display()
+                ));
+                Ok(binary)
+            }
+        }
     }
 
     /// Removes the staged name, if the file has one (a body cut short, a binary refused).
@@ -238,7 +256,7 @@ mod tests {
         file.write_all(bytes)?;
         let binary = crate::sys::exec::reopen_read_only(&file)?;
         drop(file);
-        staging.place(&binary)
+        staging.place(binary).map(drop)
     }
 
     #[test]
