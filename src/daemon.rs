@@ -211,11 +211,8 @@ pub fn run(config: Config) -> ExitCode {
     // What the workers logged since the line above (an answer on a kept connection).
     log::flush();
     if let Some(how) = ending {
-        log::line(format_args!(
-            "PID 1: {how}: every process killed, filesystems synced"
-        ));
-        let error = sys::power::end_machine(how);
-        log::line(format_args!("PID 1: the kernel refused the {how}: {error}"));
+        let error = crate::shutdown::end_machine(how);
+        log::line(format_args!("PID 1: {error}"));
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

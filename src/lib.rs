@@ -33,6 +33,7 @@ mod notify;
 mod platform;
 mod proc;
 mod routes;
+mod shutdown;
 mod stats;
 mod sys;
 mod token;

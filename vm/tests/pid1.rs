@@ -1,6 +1,6 @@
 //! The daemon as the guest's PID 1 (the minimal guest): every orphan of the sandbox is its
 //! child, and it reaps them; no zombie is left after 1,000 commands; the guest powers off
-//! cleanly, its root filesystem unmounted clean.
+//! cleanly by busybox's `poweroff`, its filesystems remounted read-only by the daemon.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -44,9 +44,11 @@ fn pid_1_reaps_orphans_leaves_no_zombies_after_1000_commands_and_powers_off_clea
         assert!(Instant::now() < deadline, "{zombies} zombies left");
         std::thread::sleep(Duration::from_millis(200));
     }
-    // A clean poweroff: the root remounted read-only (everything written is on the disk), then
-    // the kernel told to power off; QEMU ends by itself and the filesystem needs no recovery.
-    let _stream = vm.start("sync && mount -o remount,ro / && poweroff -f");
+    // A clean poweroff, busybox's `poweroff` (SIGUSR2 to PID 1): the daemon drains, ends
+    // every process, syncs and remounts every filesystem read-only, then asks the kernel; QEMU
+    // ends by itself and the root needs no recovery. A file written just before is on it.
+    vm.run("echo before-poweroff > /root/last.txt");
+    let _stream = vm.start("poweroff");
     let status = vm
         .wait_exit(Duration::from_secs(60))
         .expect("the guest powered off");
@@ -56,10 +58,25 @@ fn pid_1_reaps_orphans_leaves_no_zombies_after_1000_commands_and_powers_off_clea
         .arg(vm.dir.join("root.ext4"))
         .output()
         .unwrap();
+    let console = vm.console();
+    let ended = console
+        .lines()
+        .find(|l| l.contains("PID 1: power-off: every process ended"))
+        .unwrap_or_else(|| panic!("no end line: {console}"));
+    assert!(
+        ended.contains("mounts remounted read-only") && !ended.contains("refused"),
+        "{ended}"
+    );
     assert!(
         fsck.status.success(),
         "e2fsck: {}{}",
         String::from_utf8_lossy(&fsck.stdout),
         String::from_utf8_lossy(&fsck.stderr)
     );
+    let last = Command::new("debugfs")
+        .args(["-R", "cat /root/last.txt"])
+        .arg(vm.dir.join("root.ext4"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&last.stdout), "before-poweroff\n");
 }

@@ -1,0 +1,106 @@
+//! How the daemon as PID 1 ends the machine, as busybox's init does on `poweroff`, `halt` or
+//! `reboot`: every other process asked to stop (`SIGTERM`), killed after a grace period, and
+//! reaped; the filesystems synced and, where the power really goes (the initial PID
+//! namespace), remounted read-only, innermost first, so that no filesystem needs recovery at
+//! the next boot; then the kernel. In a PID namespace of its own (how it is tested on a host)
+//! the filesystems are the host's: they are synced and left as they are.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::log;
+use crate::sys::power::{self, Power};
+
+/// The inode of the initial PID namespace's `/proc/self/ns/pid` (`PROC_PID_INIT_INO`, fixed
+/// since Linux 3.8).
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
+/// How long the processes have between `SIGTERM` and `SIGKILL` (busybox's init: 1 s).
+const GRACE: Duration = Duration::from_secs(1);
+/// How long the killed processes have to be reaped before the filesystems are remounted.
+const KILLED: Duration = Duration::from_secs(2);
+
+/// Ends every other process, puts the filesystems to rest and asks the kernel for `how`;
+/// returns only when the kernel refused, with the reason.
+pub fn end_machine(how: Power) -> String {
+    power::signal_all(libc::SIGTERM);
+    if !power::reap_all_until(Instant::now() + GRACE) {
+        power::signal_all(libc::SIGKILL);
+        power::reap_all_until(Instant::now() + KILLED);
+    }
+    power::sync_all();
+    let filesystems = if in_initial_pid_namespace() {
+        read_only_all()
+    } else {
+        "left mounted (a PID namespace of its own: the host's)".to_string()
+    };
+    log::line(format_args!(
+        "PID 1: {how}: every process ended, filesystems synced, {filesystems}"
+    ));
+    log::flush();
+    format!("the kernel refused the {how}: {}", power::reboot(how))
+}
+
+fn in_initial_pid_namespace() -> bool {
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|ns| ns.ino() == INITIAL_PID_NAMESPACE)
+}
+
+/// Remounts every mount read-only, the last mounted first; says how it went.
+fn read_only_all() -> String {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let points = mount_points(&mountinfo);
+    let mut refused = Vec::new();
+    for point in points.iter().rev() {
+        if let Err(error) = power::remount_read_only(point) {
+            refused.push(format!("{}: {error}", point.display()));
+        }
+    }
+    power::sync_all();
+    match refused.len() {
+        0 => format!("{} mounts remounted read-only", points.len()),
+        n => format!(
+            "{} of {} mounts remounted read-only ({n} refused: {})",
+            points.len() - n,
+            points.len(),
+            refused.join(", ")
+        ),
+    }
+}
+
+/// The mount points of `/proc/self/mountinfo`'s text, in the order they were mounted.
+fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| {
+            PathBuf::from(OsString::from_vec(crate::stats::cgroup_detect::unescape(
+                point,
+            )))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_read_in_order_with_their_escapes_undone() {
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+23 22 0:21 / /proc rw,nosuid - proc proc rw
+24 22 0:22 / /mnt/with\\040space rw - tmpfs tmpfs rw
+garbage
+";
+        assert_eq!(
+            mount_points(mountinfo),
+            [
+                PathBuf::from("/"),
+                PathBuf::from("/proc"),
+                PathBuf::from("/mnt/with space")
+            ]
+        );
+    }
+}
