@@ -68,7 +68,7 @@ fn counts_verdicts_and_suites() {
 
 #[test]
 fn the_e2b_sdks_and_the_connect_services_pass_against_the_template_guest() {
-    let (mut vm, _) = boot("template-sdk", "template");
+    let (mut vm, ready) = boot("template-sdk", "template");
     create(&mut vm, json!({"defaultUser": "user"}));
     // The level E2B's template builder records: the installed binary's own `-version`.
     let level = vm.run("/usr/bin/envd -version").trim().to_string();
@@ -112,10 +112,11 @@ fn the_e2b_sdks_and_the_connect_services_pass_against_the_template_guest() {
     figure(
         "make sdk-test against the template guest (remote mode): checks passed, wall time",
         &format!(
-            "{} of {} in {:.1} s",
+            "{} of {} in {:.1} s (the guest ready {:.1} s after QEMU started)",
             counts.pass,
             counts.pass + counts.fail + counts.skip,
-            took.as_secs_f64()
+            took.as_secs_f64(),
+            ready.as_secs_f64()
         ),
     );
     assert!(
