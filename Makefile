@@ -90,7 +90,9 @@ sdk-test: build
 # /usr/bin/envd with no flags, the guest at 169.254.0.21 on a restricted user network, a fake
 # metadata service on the host's loopback. vm/images installs QEMU and the rest from Debian and
 # builds the images under target/vm/ (again only when an input changed). VM_TESTS filters the
-# scenarios (e.g. VM_TESTS=pause); one guest at a time, under KVM when it works, else TCG.
+# scenarios (e.g. VM_TESTS=pause); one guest at a time, under KVM when it works, else TCG. The
+# SDK scenario (VM_TESTS=sdk) runs scripts/sdk-test against the template guest, installing the
+# SDKs into target/sdk-test/ first when missing, as sdk-test does (so it needs the registries).
 VM_TESTS ?=
 vm-test: build
 	vm/images minimal template

@@ -13,5 +13,6 @@ mod pause;
 mod pid1;
 mod qemu;
 mod qmp;
+mod sdk;
 mod support;
 mod template;
