@@ -59,9 +59,9 @@ fn read_only_all() -> String {
     }
     power::sync_all();
     match refused.len() {
-        0 => format!("{} mounts remounted read-only", points.len()),
+        0 => format!("{} mounts with data remounted read-only", points.len()),
         n => format!(
-            "{} of {} mounts remounted read-only ({n} refused: {})",
+            "{} of {} mounts with data remounted read-only ({n} refused: {})",
             points.len() - n,
             points.len(),
             refused.join(", ")
@@ -69,11 +69,43 @@ fn read_only_all() -> String {
     }
 }
 
-/// The mount points of `/proc/self/mountinfo`'s text, in the order they were mounted.
+/// Filesystems that hold no data to lose: the kernel's views and memory-only ones, left as they
+/// are (a cgroup2 mount even refuses it: `EBUSY`).
+const NO_DATA: [&str; 21] = [
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "devpts",
+    "devtmpfs",
+    "tmpfs",
+    "ramfs",
+    "mqueue",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "pstore",
+    "bpf",
+    "configfs",
+    "fusectl",
+    "hugetlbfs",
+    "binfmt_misc",
+    "autofs",
+    "rpc_pipefs",
+    "nsfs",
+];
+
+/// The mount points of `/proc/self/mountinfo`'s text whose filesystem holds data (not in
+/// [`NO_DATA`]), in the order they were mounted.
 fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
     mountinfo
         .lines()
-        .filter_map(|line| line.split(' ').nth(4))
+        .filter_map(|line| {
+            let (mount, filesystem) = line.split_once(" - ")?;
+            let kind = filesystem.split(' ').next()?;
+            let point = mount.split(' ').nth(4)?;
+            (!NO_DATA.contains(&kind)).then_some(point)
+        })
         .map(|point| {
             PathBuf::from(OsString::from_vec(crate::stats::cgroup_detect::unescape(
                 point,
@@ -87,20 +119,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mount_points_are_read_in_order_with_their_escapes_undone() {
+    fn the_mount_points_of_filesystems_with_data_are_read_in_order_with_their_escapes_undone() {
         let mountinfo = "\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
 23 22 0:21 / /proc rw,nosuid - proc proc rw
-24 22 0:22 / /mnt/with\\040space rw - tmpfs tmpfs rw
+24 22 0:22 / /mnt/with\\040space rw - xfs /dev/vdb rw
+25 22 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+26 22 0:24 / /run rw - tmpfs run rw
 garbage
 ";
         assert_eq!(
             mount_points(mountinfo),
-            [
-                PathBuf::from("/"),
-                PathBuf::from("/proc"),
-                PathBuf::from("/mnt/with space")
-            ]
+            [PathBuf::from("/"), PathBuf::from("/mnt/with space")]
         );
     }
 }
