@@ -58,12 +58,13 @@ fn read_only_all() -> String {
         }
     }
     power::sync_all();
+    let total = points.len();
+    let mounts = if total == 1 { "mount" } else { "mounts" };
     match refused.len() {
-        0 => format!("{} mounts with data remounted read-only", points.len()),
+        0 => format!("{total} {mounts} with data remounted read-only"),
         n => format!(
-            "{} of {} mounts with data remounted read-only ({n} refused: {})",
-            points.len() - n,
-            points.len(),
+            "{} of {total} {mounts} with data remounted read-only ({n} refused: {})",
+            total - n,
             refused.join(", ")
         ),
     }

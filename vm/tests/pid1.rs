@@ -64,7 +64,7 @@ fn pid_1_reaps_orphans_leaves_no_zombies_after_1000_commands_and_powers_off_clea
         .find(|l| l.contains("PID 1: power-off: every process ended"))
         .unwrap_or_else(|| panic!("no end line: {console}"));
     assert!(
-        ended.contains("mounts with data remounted read-only") && !ended.contains("refused"),
+        ended.contains(" with data remounted read-only") && !ended.contains("refused"),
         "{ended}"
     );
     assert!(
