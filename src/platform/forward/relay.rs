@@ -47,7 +47,7 @@ use share::Share;
 /// The scratch buffer every transfer reads into.
 const SCRATCH: usize = 128 << 10;
 /// The size asked for a bulk direction's pipe.
-const PIPE_BYTES: usize = 256 << 10;
+const PIPE_BYTES: usize = 1 << 20;
 /// Most bytes one connection moves per turn before others get theirs.
 const TURN_BYTES: usize = 4 << 20;
 /// Most connections one listener accepts per turn.
