@@ -195,6 +195,24 @@ def counted(counting):
     return float("nan")
 
 
+def start_process(port, token, argv, what):
+    """Starts argv through the process service of the daemon on `port`; its stream, read up to
+    the start event."""
+    data = json.dumps({"process": {"cmd": argv[0], "args": argv[1:]}}).encode()
+    body = bytes([0]) + len(data).to_bytes(4, "big") + data
+    stream = socket.create_connection(("127.0.0.1", port))
+    stream.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {token}\r\n"
+                    f"Content-Type: application/connect+json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    seen = b""
+    while b'"start"' not in seen:
+        chunk = stream.recv(65536)
+        if not chunk:
+            sys.exit(f"{what}'s Start failed: {seen[:300]!r}")
+        seen += chunk
+    return stream
+
+
 def hold_servers(port, token, ip, n):
     """Starts n servers (Python, silent) through the process service of the daemon on `port`;
     returns a connection to each through the forward on `ip`, each having echoed 4 bytes (a
@@ -206,20 +224,8 @@ def hold_servers(port, token, ip, n):
         probe.close()
         code = ("import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,"
                 f"socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',{server_port}));s.listen(8)\n"
-                "c=[]\nwhile True:\n a,_=s.accept();a.sendall(a.recv(4));c.append(a)")
-        data = json.dumps({"process": {"cmd": sys.executable, "args": ["-c", code]}}).encode()
-        body = bytes([0]) + len(data).to_bytes(4, "big") + data
-        stream = socket.create_connection(("127.0.0.1", port))
-        stream.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\n"
-                        f"X-Access-Token: {token}\r\nContent-Type: application/connect+json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        seen = b""
-        while b'"start"' not in seen:
-            chunk = stream.recv(65536)
-            if not chunk:
-                sys.exit(f"a held server's Start failed: {seen[:300]!r}")
-            seen += chunk
-        stream.close()
+                "a,_=s.accept();a.sendall(a.recv(4));a.recv(1)")
+        start_process(port, token, [sys.executable, "-c", code], "a held server").close()
         for _ in range(2000):
             try:
                 c = socket.create_connection((ip, server_port), timeout=2)
@@ -362,21 +368,10 @@ def start_late_server(workdir, rounds):
     with open(script, "w") as f:
         f.write(LATE_SERVER)
     files = [os.path.join(workdir, n) for n in ("go", "port", "results")]
-    data = json.dumps({"process": {"cmd": sys.executable,
-                                   "args": [script, *files, str(rounds)]}}).encode()
-    body = bytes([0]) + len(data).to_bytes(4, "big") + data
-    with socket.create_connection(("127.0.0.1", PORT)) as stream:
-        stream.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {TOKEN}\r\n"
-                        f"Content-Type: application/connect+json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        # Its start event, then the stream is left: the process runs on with no subscriber (so
-        # no keep-alive ticks wake the daemon during the idle window), its output read and dropped.
-        seen = b""
-        while b'"start"' not in seen:
-            chunk = stream.recv(65536)
-            if not chunk:
-                sys.exit(f"the late server's Start failed: {seen[:300]!r}")
-            seen += chunk
+    # Its start event, then the stream is left: the process runs on with no subscriber (so no
+    # keep-alive ticks wake the daemon during the idle window), its output read and dropped.
+    start_process(PORT, TOKEN, [sys.executable, script, *files, str(rounds)],
+                  "the late server").close()
     return files
 
 
