@@ -136,21 +136,20 @@ impl Supervisor {
 
     /// A process was started: a burst of scans, starting now.
     pub fn nudge(&self) {
-        self.hint(true);
+        self.hint();
     }
 
-    /// A started process wrote output: a burst of scans, or one scan soon if a burst began
-    /// lately ([`super::bursts`]).
+    /// A started process wrote output: a burst of scans ([`super::bursts`]).
     pub fn activity(&self) {
-        self.hint(false);
+        self.hint();
     }
 
     /// Plans the scans a hint brings; the forwarder's thread is woken only when that brings
     /// its next scan forward.
-    fn hint(&self, fresh: bool) {
+    fn hint(&self) {
         let mut state = self.lock();
         let before = state.bursts.due(state.last_scan);
-        state.bursts.hint(Instant::now(), fresh);
+        state.bursts.hint(Instant::now());
         let after = state.bursts.due(state.last_scan);
         drop(state);
         if before.is_none_or(|before| after.is_some_and(|after| after < before)) {
@@ -181,7 +180,6 @@ impl Supervisor {
         }
         let now = Instant::now();
         state.last_scan = Some(now);
-        state.bursts.scanned(now);
         let address = self.settings.address;
         if !state.address_ready {
             match TcpListener::bind(SocketAddr::new(address, 0)) {
