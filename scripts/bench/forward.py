@@ -17,6 +17,16 @@ PORT, TOKEN, PID, OFF_PID = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int
 FWD, SOCAT_IP, OFF_PORT, LOG = sys.argv[5], sys.argv[6], int(sys.argv[7]), sys.argv[8]
 
 
+# BASE_BIN's daemon (scripts/bench/forward), measured beside this one when set.
+BASE = None
+if os.environ.get("BASE_PID"):
+    BASE = (os.environ["BASE_IP"], int(os.environ["BASE_PID"]), int(os.environ["BASE_PORT"]),
+            os.environ["BASE_TOKEN"])
+RT_C = os.environ.get("RT_C")
+RT_ROUNDS = int(os.environ.get("RT_ROUNDS", "5"))
+IDLE_WINDOW = float(os.environ.get("IDLE_WINDOW", "30"))
+
+
 def forward_changes():
     """Lines of the daemon's log that record a forward opened or closed."""
     with open(LOG, errors="replace") as f:
@@ -152,6 +162,93 @@ def throughput(ip, port, results):
     return GIB / took / 1e6
 
 
+def spread(values, form="{:.2f}"):
+    """The median of `values` and their range, e.g. "0.81 (0.62-0.90)"."""
+    values = sorted(values)
+    return (form.format(statistics.median(values)) + " (" + form.format(values[0]) + "-"
+            + form.format(values[-1]) + ")")
+
+
+def count_syscalls(pid):
+    """Starts counting the system calls of every thread of `pid` (perf); None without perf."""
+    out = os.path.join(os.environ.get("BENCH_TMP", "/tmp"), f"perf-{pid}.csv")
+    try:
+        proc = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p",
+                                 str(pid), "-o", out], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    time.sleep(0.3)  # perf attached
+    return proc, out
+
+
+def counted(counting):
+    """The count a `count_syscalls` made (NaN without perf)."""
+    if counting is None:
+        return float("nan")
+    proc, out = counting
+    proc.send_signal(2)
+    proc.wait()
+    for line in open(out):
+        if "raw_syscalls:sys_enter" in line:
+            return float(line.split(",")[0])
+    return float("nan")
+
+
+def start_process(port, token, argv, what):
+    """Starts argv through the process service of the daemon on `port`; its stream, read up to
+    the start event."""
+    data = json.dumps({"process": {"cmd": argv[0], "args": argv[1:]}}).encode()
+    body = bytes([0]) + len(data).to_bytes(4, "big") + data
+    stream = socket.create_connection(("127.0.0.1", port))
+    stream.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {token}\r\n"
+                    f"Content-Type: application/connect+json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    seen = b""
+    while b'"start"' not in seen:
+        chunk = stream.recv(65536)
+        if not chunk:
+            sys.exit(f"{what}'s Start failed: {seen[:300]!r}")
+        seen += chunk
+    return stream
+
+
+def hold_servers(port, token, ip, n):
+    """Starts n servers (Python, silent) through the process service of the daemon on `port`;
+    returns a connection to each through the forward on `ip`, each having echoed 4 bytes (a
+    server ends when its connection is closed)."""
+    held = []
+    for _ in range(n):
+        probe = listen()
+        server_port = probe.getsockname()[1]
+        probe.close()
+        code = ("import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,"
+                f"socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',{server_port}));s.listen(8)\n"
+                "a,_=s.accept();a.sendall(a.recv(4));a.recv(1)")
+        start_process(port, token, [sys.executable, "-c", code], "a held server").close()
+        for _ in range(2000):
+            try:
+                c = socket.create_connection((ip, server_port), timeout=2)
+                c.sendall(b"ping")
+                if c.recv(4) == b"ping":
+                    break
+                c.close()
+            except OSError:
+                pass
+            time.sleep(0.005)
+        else:
+            raise RuntimeError(f"server {server_port} not forwarded on {ip}")
+        held.append(c)
+    return held
+
+
+def c_round_trips(ip, port, n=3000):
+    """p50 and p99 in µs of 1-byte round trips by the C client (scripts/bench/forward builds it)."""
+    out = subprocess.run([RT_C, ip, str(port), str(n), "1"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
 def echo_server(server):
     def serve(conn):
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -172,29 +269,18 @@ def echo_server(server):
 
 
 def round_trips(ip, port, n=3000):
+    """p50 and p99 in µs of 1-byte round trips by this (Python) client, the first tenth left out."""
     with socket.create_connection((ip, port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        message = b"x" * 64
         times = []
         for _ in range(n):
             t = time.perf_counter()
-            s.sendall(message)
-            got = 0
-            while got < 64:
-                got += len(s.recv(64 - got))
+            s.sendall(b"x")
+            while not s.recv(1):
+                raise RuntimeError("the echo ended")
             times.append(time.perf_counter() - t)
-    return statistics.median(times[100:]) * 1e6
-
-
-def thread_switches(pid, name):
-    """Context switches so far of the threads of `pid` called `name`."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/status") as f:
-            lines = f.read().splitlines()
-        if lines[0].split(None, 1)[1] == name:
-            total += sum(int(l.split()[1]) for l in lines if "ctxt_switches" in l)
-    return total
+    times = times[n // 10:]
+    return p(times, 0.5) * 1e6, p(times, 0.99) * 1e6
 
 
 def proc_status(field):
@@ -282,21 +368,10 @@ def start_late_server(workdir, rounds):
     with open(script, "w") as f:
         f.write(LATE_SERVER)
     files = [os.path.join(workdir, n) for n in ("go", "port", "results")]
-    data = json.dumps({"process": {"cmd": sys.executable,
-                                   "args": [script, *files, str(rounds)]}}).encode()
-    body = bytes([0]) + len(data).to_bytes(4, "big") + data
-    with socket.create_connection(("127.0.0.1", PORT)) as stream:
-        stream.sendall((f"POST /process.Process/Start HTTP/1.1\r\nHost: b\r\nX-Access-Token: {TOKEN}\r\n"
-                        f"Content-Type: application/connect+json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        # Its start event, then the stream is left: the process runs on with no subscriber (so
-        # no keep-alive ticks wake the daemon during the idle window), its output read and dropped.
-        seen = b""
-        while b'"start"' not in seen:
-            chunk = stream.recv(65536)
-            if not chunk:
-                sys.exit(f"the late server's Start failed: {seen[:300]!r}")
-            seen += chunk
+    # Its start event, then the stream is left: the process runs on with no subscriber (so no
+    # keep-alive ticks wake the daemon during the idle window), its output read and dropped.
+    start_process(PORT, TOKEN, [sys.executable, script, *files, str(rounds)],
+                  "the late server").close()
     return files
 
 
@@ -343,52 +418,78 @@ def main():
     bench_row("forward: listen() to first forwarded accept after a Start, p99 (ms)",
               f"{fast_p99:.1f}", "-", "-", "-", "<=200")
 
-    # 2. 1 GiB one way: direct, through the forward, through socat.
+    # 2. 1 GiB one way: direct, through the forward (and the base build's), through socat.
     results = multiprocessing.Queue()
     server = listen()
     port = server.getsockname()[1]
     sink = multiprocessing.Process(target=sink_loop, args=(server, results), daemon=True)
     sink.start()
     forward_of(port)
+    daemons = [("forward", FWD, PID)] + ([("base", BASE[0], BASE[1])] if BASE else [])
+    for _, ip, _ in daemons[1:]:
+        wait_forwarded(ip, port)
     peer = socat(port)
-    direct, ours, theirs, cpu = [], [], [], []
+    ratios = {name: [] for name, _, _ in daemons + [("socat", None, None)]}
+    cpu = {name: [] for name, _, _ in daemons}
+    calls = {name: [] for name, _, _ in daemons}
     for _ in range(ROUNDS):
-        direct.append(throughput("127.0.0.1", port, results))
-        before = cpu_seconds(PID)
-        ours.append(throughput(FWD, port, results))
-        cpu.append((cpu_seconds(PID) - before) / (GIB / (1 << 30)))
-        theirs.append(throughput(SOCAT_IP, port, results))
+        direct = throughput("127.0.0.1", port, results)
+        for name, ip, pid in daemons:
+            before, counting = cpu_seconds(pid), count_syscalls(pid)
+            ratios[name].append(throughput(ip, port, results) / direct)
+            cpu[name].append((cpu_seconds(pid) - before) / (GIB / (1 << 30)))
+            calls[name].append(counted(counting) / (GIB / (1 << 30)))
+        ratios["socat"].append(throughput(SOCAT_IP, port, results) / direct)
     peer.terminate()
     peer.wait()
     sink.terminate()
     server.close()
-    d, o, t = statistics.median(direct), statistics.median(ours), statistics.median(theirs)
-    print(f"{GIB >> 20} MiB one way, median of {ROUNDS}: direct {d:.0f} MB/s, forward {o:.0f} MB/s "
-          f"({o / d:.2f} × direct), socat {t:.0f} MB/s (forward {o / t:.2f} × socat); "
-          f"the daemon's CPU {statistics.median(cpu):.2f} s per GiB forwarded")
-    bench_row("forward: 1 GiB through the forward vs direct (MB/s)", f"{o:.0f}", "direct",
-              f"{d:.0f}", f"{o / d:.2f}", ">=0.5")
-    bench_row("forward: 1 GiB through the forward vs socat (MB/s)", f"{o:.0f}", "socat",
-              f"{t:.0f}", f"{o / t:.2f}", ">=1.5")
+    for name, _, _ in daemons:
+        r, c, n = spread(ratios[name]), spread(cpu[name]), spread(calls[name], "{:.0f}")
+        print(f"{GIB >> 20} MiB one way, {ROUNDS} interleaved rounds, {name}: {r} × direct "
+              f"(socat {spread(ratios['socat'])} ×); the daemon's CPU {c} s per GiB, "
+              f"system calls {n} per GiB")
+    o = statistics.median(ratios["forward"])
+    bench_row("forward: 1 GiB through the forward vs direct (ratio, median of rounds)",
+              f"{o:.2f}", "direct", "1", f"{o:.2f}", ">=0.75")
+    bench_row("forward: 1 GiB, the daemon's CPU per GiB forwarded (s)",
+              f"{statistics.median(cpu['forward']):.2f}", "-", "-", "-", "<=0.3")
+    bench_row("forward: 1 GiB, the daemon's system calls per GiB forwarded",
+              f"{statistics.median(calls['forward']):.0f}", "-", "-", "-", "-")
+    bench_row("forward: 1 GiB through the forward vs socat (ratio, median of rounds)",
+              f"{o / statistics.median(ratios['socat']):.2f}", "socat", "-", "-", ">=1.5")
+    if BASE:
+        b = statistics.median(ratios["base"])
+        bench_row("forward: 1 GiB vs direct, this build vs BASE_BIN", f"{o:.2f}", "BASE_BIN",
+                  f"{b:.2f}", f"{o / b:.2f}", "-")
+        bench_row("forward: CPU per GiB forwarded, this build vs BASE_BIN (s)",
+                  f"{statistics.median(cpu['forward']):.2f}", "BASE_BIN",
+                  f"{statistics.median(cpu['base']):.2f}", "-", "-")
 
-    # 3. 64-byte round trips on one connection.
+    # 3. 1-byte round trips on one connection, by a C and a Python client.
     server = listen()
     port = server.getsockname()[1]
     echo_server(server)
     forward_of(port)
-    peer = socat(port)
-    rd = round_trips("127.0.0.1", port)
-    before = thread_switches(PID, "forward")
-    ro = round_trips(FWD, port)
-    relay_switches = (thread_switches(PID, "forward") - before) / 3000
-    rs = round_trips(SOCAT_IP, port)
-    peer.terminate()
-    peer.wait()
-    print(f"64-byte round trip p50: direct {rd:.1f} µs, forward {ro:.1f} µs (+{ro - rd:.1f}), "
-          f"socat {rs:.1f} µs (+{rs - rd:.1f}); the forward thread's context switches per round "
-          f"trip: {relay_switches:.2f}")
-    bench_row("forward: 64-byte round trip p50, added to direct (µs)", f"{ro - rd:.1f}", "socat",
-              f"{rs - rd:.1f}", "-", "<=50")
+    for _, ip, _ in daemons[1:]:
+        wait_forwarded(ip, port)
+    added = {(name, client): ([], []) for name, _, _ in daemons for client in ("C", "Python")}
+    for _ in range(RT_ROUNDS):
+        for client, run in (("C", c_round_trips), ("Python", round_trips)):
+            d50, d99 = run("127.0.0.1", port)
+            for name, ip, _ in daemons:
+                f50, f99 = run(ip, port)
+                added[(name, client)][0].append(f50 - d50)
+                added[(name, client)][1].append(f99 - d99)
+    for (name, client), (a50, a99) in added.items():
+        print(f"1-byte round trip added to direct, {client} client, {name}, {RT_ROUNDS} rounds: "
+              f"p50 +{spread(a50, '{:.1f}')} µs, p99 +{spread(a99, '{:.1f}')} µs")
+    for client in ("C", "Python"):
+        a50 = statistics.median(added[("forward", client)][0])
+        peer = statistics.median(added[("base", client)][0]) if BASE else "-"
+        bench_row(f"forward: 1-byte round trip p50 added to direct, {client} client (µs)",
+                  f"{a50:.1f}", "BASE_BIN" if BASE else "-",
+                  f"{peer:.1f}" if BASE else "-", "-", "<=50")
 
     if ONLY == "bytes":
         return
@@ -415,20 +516,35 @@ def main():
     server.close()
     wait_refused(FWD, port)
 
-    # 5. Idle: after the fast window of the last Start (60 s), with a forward in place.
-    server = listen()
-    forward_of(server.getsockname()[1])
-    time.sleep(65)
+    # 5. Idle with 4 forwards held open through each forwarding daemon: servers started through
+    # its process service, a connection through each; measured from then (the minute after a
+    # Start) and again once that minute is over.
+    held = []
+    for name, ip, pid in daemons:
+        port_, token = (PORT, TOKEN) if name == "forward" else (BASE[2], BASE[3])
+        held += hold_servers(port_, token, ip, 4)
+    watched = [pid for _, _, pid in daemons] + [OFF_PID]
     changes = forward_changes()
-    (rate, cpu), (off_rate, off_cpu) = wakeups([PID, OFF_PID])
+    first = wakeups(watched, IDLE_WINDOW)
+    time.sleep(max(0.0, 65 - IDLE_WINDOW))
+    later = wakeups(watched, IDLE_WINDOW)
     changes = forward_changes() - changes
-    print(f"  forwards opened or closed during the window (other servers on this machine's "
+    print(f"  forwards opened or closed during the windows (other servers on this machine's "
           f"loopback come and go): {changes}")
-    print(f"idle over 20 s: forwarder on with one forward {rate:.2f} context switches/s, "
-          f"{cpu:.3f} % CPU; --forward-address off {off_rate:.2f}/s, {off_cpu:.3f} % CPU")
-    bench_row("forward: idle wakeups per second, forwarder on", f"{rate:.2f}", "forwarding off",
-              f"{off_rate:.2f}", "-", "<=1.0")
-    server.close()
+    for (name, _, _), (rate, share), (rate2, share2) in zip(daemons, first, later):
+        print(f"idle, 4 forwards held, {name}: {rate:.2f} context switches/s, {share:.3f} % CPU "
+              f"in the {IDLE_WINDOW:.0f} s after the Starts; {rate2:.2f}/s, {share2:.3f} % a "
+              f"minute on; --forward-address off {first[-1][0]:.2f}/s, {later[-1][0]:.2f}/s")
+    bench_row("forward: idle wakeups per second, 4 forwards held, the 30 s after their Starts",
+              f"{first[0][0]:.2f}", "BASE_BIN" if BASE else "forwarding off",
+              f"{first[1][0]:.2f}" if BASE else f"{first[-1][0]:.2f}", "-", "<=1.0")
+    bench_row("forward: idle CPU %, 4 forwards held, the 30 s after their Starts",
+              f"{first[0][1]:.3f}", "BASE_BIN" if BASE else "forwarding off",
+              f"{first[1][1]:.3f}" if BASE else f"{first[-1][1]:.3f}", "-", "<=0.1")
+    bench_row("forward: idle wakeups per second, 4 forwards held, a minute after their Starts",
+              f"{later[0][0]:.2f}", "forwarding off", f"{later[-1][0]:.2f}", "-", "<=1.0")
+    for c in held:
+        c.close()
 
     # 6. listen() to accept when nothing nudged the scanner: the 1 s idle scan.
     idle = [listen_to_accept(False) for _ in range(IDLE_ROUNDS)]

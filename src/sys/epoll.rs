@@ -13,6 +13,20 @@ pub const EDGE_ALL: u32 =
     (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET).cast_unsigned();
 /// Readable, reported once per change: a listener or an eventfd.
 pub const EDGE_IN: u32 = (libc::EPOLLIN | libc::EPOLLET).cast_unsigned();
+/// In an event: there is something to read (data, the peer's end, or an error to collect).
+pub const READABLE: u32 =
+    (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR).cast_unsigned();
+/// In an event: there is room to write (or an error to collect).
+pub const WRITABLE: u32 = (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR).cast_unsigned();
+/// In an event: the peer's end (or the connection's) came with it: read on to the end.
+pub const ENDED: u32 = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR).cast_unsigned();
+
+/// One readiness report: the token given at registration and what is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub token: u64,
+    pub ready: u32,
+}
 
 pub struct Epoll {
     fd: OwnedFd,
@@ -44,9 +58,9 @@ impl Epoll {
     }
 
     /// Waits at most `timeout` (`None`: no limit) and fills `events` (cleared first) with what
-    /// happened (the tokens given at registration); nothing on timeout or when a signal interrupted the wait. Closing a
+    /// happened; nothing on timeout or when a signal interrupted the wait. Closing a
     /// descriptor removes it: there is no `delete`.
-    pub fn wait(&self, events: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<()> {
+    pub fn wait(&self, events: &mut Vec<Event>, timeout: Option<Duration>) -> io::Result<()> {
         const BATCH: usize = 256;
         events.clear();
         let millis = match timeout {
@@ -70,7 +84,10 @@ impl Epoll {
         match check(ready) {
             Ok(n) => {
                 let n = usize::try_from(n).unwrap_or(0).min(BATCH);
-                events.extend(raw[..n].iter().map(|e| e.u64));
+                events.extend(raw[..n].iter().map(|e| Event {
+                    token: e.u64,
+                    ready: e.events,
+                }));
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
@@ -95,7 +112,9 @@ mod tests {
         assert!(events.is_empty());
         wake.signal().unwrap();
         epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
-        assert_eq!(events, vec![7]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].token, 7);
+        assert_ne!(events[0].ready & READABLE, 0);
         // Still readable, but no new edge.
         epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
         assert!(events.is_empty());

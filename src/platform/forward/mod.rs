@@ -4,6 +4,7 @@
 //! - [`scan`]: which sockets listen (`sock_diag`), and which ports to forward (pure).
 //! - [`proc_net`]: which sockets listen, from `/proc/net/tcp{,6}` where `sock_diag` cannot say.
 //! - [`supervisor`]: when to scan, binding the forward listeners, telling the relay.
+//! - [`bursts`]: when the forwarder's own thread scans, after a hint.
 //! - [`relay`]: the forwarder's thread: its listeners and every forwarded connection, in one
 //!   epoll, bytes both ways without a thread or an HTTP worker per connection.
 //!
@@ -14,6 +15,7 @@
 //! process service [`nudge`], and the HTTP layer's accept, out of descriptors, [`shed`]. Its
 //! descriptors come from its share of the open-file limit ([`crate::descriptors`]).
 
+pub mod bursts;
 pub mod handover;
 pub mod proc_net;
 pub mod relay;

@@ -39,7 +39,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use crate::log;
-use crate::sys::epoll::{Epoll, EDGE_ALL, EDGE_IN};
+use crate::sys::epoll::{Epoll, Event, EDGE_ALL, EDGE_IN};
 use crate::sys::net::{connect_nonblocking, reset_on_close, tcp_socket_for};
 use pump::{Flow, Pair, Progress};
 use share::Share;
@@ -47,7 +47,7 @@ use share::Share;
 /// The scratch buffer every transfer reads into.
 const SCRATCH: usize = 128 << 10;
 /// The size asked for a bulk direction's pipe.
-const PIPE_BYTES: usize = 256 << 10;
+const PIPE_BYTES: usize = 1 << 20;
 /// Most bytes one connection moves per turn before others get theirs.
 const TURN_BYTES: usize = 4 << 20;
 /// Most connections one listener accepts per turn.
@@ -124,7 +124,9 @@ pub struct Relay {
     scratch: Box<[u8]>,
     /// Tokens with work left over from the last turn.
     again: Vec<u64>,
-    events: Vec<u64>,
+    /// Last turn's `again`, being worked through.
+    leftover: Vec<u64>,
+    events: Vec<Event>,
     per_port: usize,
     share: Share,
     /// Read once a turn: when each connection last had an event.
@@ -141,6 +143,7 @@ impl Relay {
             free: Vec::new(),
             scratch: vec![0; SCRATCH].into_boxed_slice(),
             again: Vec::new(),
+            leftover: Vec::new(),
             events: Vec::with_capacity(256),
             per_port,
             share,
@@ -267,26 +270,42 @@ impl Relay {
         } else {
             Some(Duration::ZERO)
         };
-        let mut events = std::mem::take(&mut self.events);
-        if let Err(e) = self.epoll.wait(&mut events, timeout) {
+        if let Err(e) = self.epoll.wait(&mut self.events, timeout) {
             log::line(format_args!("forward: epoll_wait failed: {e}"));
             std::thread::sleep(Duration::from_millis(100));
         }
         self.now = Instant::now();
-        let mut tokens: Vec<u64> = std::mem::take(&mut self.again);
-        tokens.extend_from_slice(&events);
-        self.events = events;
+        // What was left over from the last turn, then what is new; `again` fills anew as it
+        // goes. The two lists are swapped, not reallocated, turn after turn.
+        std::mem::swap(&mut self.again, &mut self.leftover);
         let mut woke = false;
-        for token in tokens {
-            if token == WAKE {
-                woke = true;
-            } else if token & LISTENER != 0 {
-                self.accept(u16::try_from(token & 0xffff).unwrap_or(0));
-            } else {
-                self.drive(pair_index(token));
-            }
+        for i in 0..self.leftover.len() {
+            woke |= self.dispatch(self.leftover[i], None);
+        }
+        self.leftover.clear();
+        for i in 0..self.events.len() {
+            let Event { token, ready } = self.events[i];
+            woke |= self.dispatch(token, Some(ready));
         }
         woke
+    }
+
+    /// Acts on one token, with what epoll reported of it (`None`: work left over); true for
+    /// the supervisor's eventfd.
+    fn dispatch(&mut self, token: u64, ready: Option<u32>) -> bool {
+        if token == WAKE {
+            return true;
+        }
+        if token & LISTENER != 0 {
+            self.accept(u16::try_from(token & 0xffff).unwrap_or(0));
+        } else {
+            let index = pair_index(token);
+            if let (Some(Some(pair)), Some(ready)) = (self.pairs.get_mut(index), ready) {
+                pair.note(token & 1 == 1, ready);
+            }
+            self.drive(index);
+        }
+        false
     }
 
     fn accept(&mut self, port: u16) {

@@ -4,11 +4,12 @@
 //!
 //! Scans come from two places, serialised by one lock: the HTTP layer's timekeeper, which
 //! wakes once a second anyway ([`Supervisor::tick`]: an idle daemon wakes no more often with
-//! the forwarder on), and, for [`FAST_WINDOW`] after a process is started through the API
-//! ([`Supervisor::nudge`]), or for [`ACTIVITY_WINDOW`] after a started process wrote output
+//! the forwarder on), and, in a short burst after a process is started through the API
+//! ([`Supervisor::nudge`]) or after a started process wrote output
 //! ([`Supervisor::activity`]: a server says so as it starts, even in a terminal opened an hour
-//! ago), the forwarder's own thread every [`FAST_EVERY`], so a dev server is reachable within
-//! that; with no process writing anything, the idle tick is all.
+//! ago), the forwarder's own thread ([`super::bursts`]: 50 ms after the hint, then ever less
+//! often for 2 s), so a dev server is reachable within about 50 ms of announcing itself; with
+//! no process started and none writing anything, the idle tick is all.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -16,18 +17,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::bursts::Bursts;
 use super::relay::Command;
 use super::scan::{self, Forwards, Scanner};
 use crate::descriptors::Budget;
 use crate::log;
 use crate::sys::poll::EventFd;
 
-/// How often the forwarder's thread scans after a nudge.
-pub const FAST_EVERY: Duration = Duration::from_millis(50);
-/// How long after a nudge it does.
-pub const FAST_WINDOW: Duration = Duration::from_secs(60);
-/// How long after a started process's output it does.
-pub const ACTIVITY_WINDOW: Duration = Duration::from_secs(3);
 /// A timekeeper tick sooner than this after the last scan does not scan again (the
 /// timekeeper ticks faster when a timeout option is short).
 const TICK_MIN: Duration = Duration::from_millis(500);
@@ -68,7 +64,8 @@ struct State {
     /// Ports whose forward listener could not be bound (said once; retried each scan).
     bind_failed: Vec<u16>,
     last_scan: Option<Instant>,
-    fast_until: Option<Instant>,
+    /// The forwarder thread's own scans.
+    bursts: Bursts,
     /// A live upgrade is handing the forwards over: no scan changes them.
     paused: bool,
 }
@@ -137,50 +134,52 @@ impl Supervisor {
         }
     }
 
-    /// A process was started: scan often for a while, starting now.
+    /// A process was started: a burst of scans, starting now.
     pub fn nudge(&self) {
-        self.lock().fast_until = Some(Instant::now() + FAST_WINDOW);
-        let _ = self.wake.signal();
+        self.hint();
     }
 
-    /// A started process wrote output: scan often until [`ACTIVITY_WINDOW`] from now, unless a
-    /// longer window runs. The forwarder's thread is woken only when it was not scanning often.
+    /// A started process wrote output: a burst of scans ([`super::bursts`]).
     pub fn activity(&self) {
-        let until = Instant::now() + ACTIVITY_WINDOW;
+        self.hint();
+    }
+
+    /// Plans the scans a hint brings; the forwarder's thread is woken only when that brings
+    /// its next scan forward.
+    fn hint(&self) {
         let mut state = self.lock();
-        match state.fast_until {
-            Some(current) if current >= until => {}
-            Some(_) => state.fast_until = Some(until),
-            None => {
-                state.fast_until = Some(until);
-                drop(state);
-                let _ = self.wake.signal();
-            }
+        let before = state.bursts.due(state.last_scan);
+        state.bursts.hint(Instant::now());
+        let after = state.bursts.due(state.last_scan);
+        drop(state);
+        if before.is_none_or(|before| after.is_some_and(|after| after < before)) {
+            let _ = self.wake.signal();
         }
     }
 
-    /// For the forwarder's thread: scan if a fast scan is due; how long until the next one
+    /// For the forwarder's thread: scan if one of its scans is due; how long until the next
     /// (`None`: none is planned, the timekeeper's tick does the scanning).
     pub fn fast_scan(&self) -> Option<Duration> {
         let mut state = self.lock();
-        let now = Instant::now();
-        if state.fast_until.is_none_or(|until| now >= until) {
-            state.fast_until = None;
+        if state.paused {
             return None;
         }
-        let due = state.last_scan.map_or(now, |at| at + FAST_EVERY);
-        if now >= due {
-            self.scan(&mut state);
-            return Some(FAST_EVERY);
+        let now = Instant::now();
+        let due = state.bursts.due(state.last_scan)?;
+        if due > now {
+            return Some(due - now);
         }
-        Some(due - now)
+        self.scan(&mut state);
+        let next = state.bursts.due(state.last_scan)?;
+        Some(next.saturating_duration_since(now))
     }
 
     fn scan(&self, state: &mut State) {
         if state.paused {
             return;
         }
-        state.last_scan = Some(Instant::now());
+        let now = Instant::now();
+        state.last_scan = Some(now);
         let address = self.settings.address;
         if !state.address_ready {
             match TcpListener::bind(SocketAddr::new(address, 0)) {
@@ -305,6 +304,8 @@ const BACKLOG: i32 = 4096;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::epoll::{Epoll, EDGE_IN};
+    use std::os::fd::AsFd;
 
     fn supervisor() -> Supervisor {
         Supervisor::new(Settings {
@@ -318,18 +319,18 @@ mod tests {
     }
 
     #[test]
-    fn output_opens_a_short_fast_window_and_never_shortens_a_longer_one() {
-        let quiet = supervisor();
-        assert_eq!(quiet.lock().fast_until, None);
-        quiet.activity();
-        let until = quiet.lock().fast_until.expect("a fast window");
-        assert!(until <= Instant::now() + ACTIVITY_WINDOW);
-        assert!(until > Instant::now() + ACTIVITY_WINDOW / 2);
-
-        let started = supervisor();
-        started.nudge();
-        let long = started.lock().fast_until;
-        started.activity();
-        assert_eq!(started.lock().fast_until, long, "the Start's minute stands");
+    fn a_hint_wakes_the_forwarder_only_when_it_brings_a_scan_forward() {
+        let supervisor = supervisor();
+        let epoll = Epoll::new().unwrap();
+        epoll.add(supervisor.wake.as_fd(), 1, EDGE_IN).unwrap();
+        let mut events = Vec::new();
+        supervisor.activity();
+        epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
+        assert_eq!(events.len(), 1, "the first hint wakes it");
+        supervisor.wake.drain().unwrap();
+        supervisor.activity();
+        epoll.wait(&mut events, Some(Duration::ZERO)).unwrap();
+        assert!(events.is_empty(), "a scan is due as soon already");
+        assert!(supervisor.fast_scan().is_some(), "a burst is planned");
     }
 }

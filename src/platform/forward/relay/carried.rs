@@ -289,6 +289,7 @@ fn flow_of(carried: &CarriedFlow, inherited: &mut Inherited) -> Result<Flow, &'s
         in_pipe,
         eof: carried.eof,
         shut: carried.shut,
+        ..Flow::default()
     })
 }
 

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::share::Share;
 use super::{PIPE_BYTES, TURN_BYTES};
+use crate::sys::epoll::{ENDED, READABLE, WRITABLE};
 use crate::sys::net::splice;
 
 /// One direction of a connection.
@@ -27,6 +28,13 @@ pub(super) struct Flow {
     pub(super) eof: bool,
     /// The end was passed on.
     pub(super) shut: bool,
+    /// The source was read dry: nothing is tried on it until epoll reports it readable again
+    /// (a short read empties a TCP socket, and what arrives after it is a new edge).
+    pub(super) src_idle: bool,
+    /// The source reported its end (or an error): read on until it, whatever a read's size.
+    pub(super) src_ending: bool,
+    /// The destination refused a write: nothing is written until it is reported writable.
+    pub(super) dst_full: bool,
 }
 
 pub(super) struct Pair {
@@ -63,6 +71,27 @@ impl Pair {
             connected,
             flows: Default::default(),
             last_active: Instant::now(),
+        }
+    }
+
+    /// Takes in what epoll reported of one of its sockets (`upstream`: that one, else the
+    /// client's): the direction it is the source of may be read, the one it is the
+    /// destination of written.
+    pub(super) fn note(&mut self, upstream: bool, ready: u32) {
+        let [to_upstream, to_client] = &mut self.flows;
+        let (from, to) = if upstream {
+            (to_client, to_upstream)
+        } else {
+            (to_upstream, to_client)
+        };
+        if ready & READABLE != 0 {
+            from.src_idle = false;
+        }
+        if ready & ENDED != 0 {
+            from.src_ending = true;
+        }
+        if ready & WRITABLE != 0 {
+            to.dst_full = false;
         }
     }
 
@@ -113,7 +142,9 @@ impl Pair {
 }
 
 /// Moves bytes from `src` to `dst` until one would wait, the source ends (passed on as a
-/// half-close) or `budget` runs out (then `Ok(true)`). An error means the pair is done.
+/// half-close) or `budget` runs out (then `Ok(true)`). An error means the pair is done. A side
+/// known to be dry or full is not asked again before its event (no system call that would
+/// only say `EAGAIN`: a small exchange costs a read and a write per direction).
 fn pump(
     mut src: &TcpStream,
     mut dst: &TcpStream,
@@ -123,6 +154,9 @@ fn pump(
     share: &mut Share,
 ) -> io::Result<bool> {
     loop {
+        if (flow.in_pipe > 0 || !flow.pending.is_empty()) && flow.dst_full {
+            return Ok(false);
+        }
         if flow.in_pipe > 0 {
             let Some((pipe, _)) = &flow.pipe else {
                 return Err(io::Error::other("bytes counted in a pipe that is gone"));
@@ -132,7 +166,10 @@ fn pump(
                     flow.in_pipe = flow.in_pipe.saturating_sub(n);
                     continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    flow.dst_full = true;
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -147,7 +184,10 @@ fn pump(
                     flow.pending.drain(..n);
                     continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    flow.dst_full = true;
+                    return Ok(false);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -162,6 +202,9 @@ fn pump(
         if *budget == 0 {
             return Ok(true);
         }
+        if flow.src_idle {
+            return Ok(false);
+        }
         if let Some((_, pipe)) = &flow.pipe {
             // The pipe is empty here: `WouldBlock` means the source has nothing.
             match splice(src.as_fd(), pipe.as_fd(), PIPE_BYTES) {
@@ -174,7 +217,10 @@ fn pump(
                     *budget = budget.saturating_sub(n);
                     continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    flow.src_idle = true;
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -184,10 +230,17 @@ fn pump(
                 continue;
             }
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                flow.src_idle = true;
+                return Ok(false);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
+        // Short of the buffer: the socket is empty now (unless its end is queued behind).
+        if read < scratch.len() && !flow.src_ending {
+            flow.src_idle = true;
+        }
         *budget = budget.saturating_sub(read);
         if read == scratch.len() && flow.pipe.is_none() {
             // A bulk transfer: splice from now on (without a pipe, past the share or none to
@@ -196,7 +249,10 @@ fn pump(
         }
         let written = match dst.write(&scratch[..read]) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                flow.dst_full = true;
+                0
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
             Err(e) => return Err(e),
         };
