@@ -3,13 +3,14 @@
 //! the gate that keeps a `Start` from spawning into a frozen group.
 //!
 //! - **Sweep.** `legacy` (the default) writes `cgroup.freeze` = 1 in `user` and `ptys`.
-//!   `hierarchy` walks the `--process-cgroups` directory breadth first (at most `maxCgroups`
-//!   visited, default 512, at most 8192) and freezes every cgroup that is neither `socats`
-//!   (allowlisted) nor an ancestor of the daemon's own cgroup (descended into instead): the
-//!   complement of the daemon's chain, as envd's, but within that directory only (envd walks
-//!   the whole mount and keeps an allowlist of systemd's and journald's groups).
+//!   `hierarchy` freezes those two first, then walks the `--process-cgroups` directory (by
+//!   default the whole mount, as envd's) breadth first, at most `maxCgroups` visited (default
+//!   512, at most 8192), and freezes every cgroup the resume does not need: not envd's liveness
+//!   allowlist, not the daemon's chain nor an ancestor of an entry (`super::hierarchy`). Without
+//!   the daemon's own cgroup known, the sweep is `legacy` (envd's fallback).
 //! - **The guest's own freezes.** Before the first sweep of a freeze, every cgroup below the
-//!   directory whose `cgroup.freeze` already reads 1 (`docker pause`) is recorded: the sweep
+//!   directory whose `cgroup.freeze` already reads 1 (`docker pause`), less what the resume
+//!   needs, is recorded: the sweep
 //!   does not write it (`preFrozen`) and the thaw leaves it frozen.
 //! - **Wait.** With a budget (`maxWaitMs`), the `cgroup.events` of each written group is read
 //!   until it says `frozen 1`; between reads the freezer sleeps in `poll(POLLPRI)`, which the
