@@ -3,9 +3,9 @@ TARGET  := x86_64-unknown-linux-musl
 BIN     := target/$(TARGET)/release/sandboxd
 ADDR    ?= 127.0.0.1:49983
 CARGO   ?= cargo
-# Every daemon a target starts (test, bench, soak, sdk-test) makes no cgroups beside the
-# machine's own and freezes no real filesystem unless told: the defaults are the daemon's own
-# cgroup v2 directory and /. A flag, or these variables set by the caller, win. (`run` makes a
+# Every daemon a target starts (test, bench, soak, sdk-test) makes no cgroups in the machine's
+# hierarchy and freezes no real filesystem unless told: the defaults are /sys/fs/cgroup (envd's)
+# and /. A flag, or these variables set by the caller, win. (`run` makes a
 # cgroup and a filesystem of its own: scripts/run-sandbox.)
 export SANDBOXD_PROCESS_CGROUPS ?= off
 export SANDBOXD_FSFREEZE_PATH ?= /nonexistent/sandboxd-no-fsfreeze

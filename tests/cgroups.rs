@@ -138,6 +138,79 @@ fn without_cgroup_v2_one_line_and_processes_run_in_the_daemons_group() {
     daemon.log_with(|l| l.contains("process cgroups off"));
 }
 
+/// Without `--process-cgroups` the groups are made in the `--cgroup-root` directory (envd's
+/// `/sys/fs/cgroup`; here a subtree the test made), beside the daemon's own cgroup and not in
+/// it. The old default was the daemon's own directory: under E2B's unit a restart of the daemon
+/// killed the user's processes with it, and no controller could be enabled there. The daemon
+/// runs in `<test>/daemon`, inside a cgroup namespace rooted at `<test>`, so it sees `<test>`
+/// as its hierarchy's root and `/daemon` as its own cgroup, as envd sees
+/// `/system.slice/envd.service` in a sandbox.
+#[test]
+fn by_default_the_groups_are_made_in_the_cgroup_root_not_the_daemons_own_cgroup() {
+    let Some(cgroup) = TestCgroup::make() else {
+        return;
+    };
+    let own = cgroup.child("daemon");
+    std::fs::create_dir(&own).unwrap();
+    let enter = format!(
+        "echo $$ > {root}/cgroup.procs && exec unshare --cgroup sh -c \
+         'echo $$ > {own}/cgroup.procs && exec \"$0\" \"$@\"'",
+        root = cgroup.path.display(),
+        own = own.display()
+    );
+    let daemon = builder()
+        .wrap_with_shell(&enter)
+        .default_process_cgroups_under(&cgroup.path)
+        .start();
+    let line = format!(
+        "process cgroups in {}: ptys, user, socats",
+        cgroup.path.display()
+    );
+    let log = daemon.log_with(|l| l.contains("process cgroups "));
+    assert!(log.iter().any(|l| l.contains(&line)), "{log:?}");
+    assert_eq!(
+        cgroup_of(daemon.pid().unsigned_abs()),
+        cgroup.relative(&own)
+    );
+    let (piped, _stream) = start(&daemon, "sleep", &["1000"], json!({}));
+    let group = cgroup_of(piped);
+    kill(piped);
+    assert_eq!(group, cgroup.relative(&cgroup.child("user")));
+    assert!(!own.join("user").exists(), "nothing made in its own cgroup");
+}
+
+/// A default directory that is not cgroup v2 is refused with one line that says where cgroup
+/// v2 is, if anywhere; the daemon picks no other place (processes run in its own group).
+#[test]
+fn a_default_directory_not_cgroup_v2_is_named_and_no_other_place_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = builder().default_process_cgroups_under(dir.path()).start();
+    let log = daemon.log_with(|l| l.contains("process cgroups "));
+    let lines: Vec<&String> = log.iter().filter(|l| l.contains("cgroup")).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let reason = format!(
+        "process cgroups unavailable ({} is not a cgroup v2 directory",
+        dir.path().display()
+    );
+    assert!(lines[0].contains(&reason), "{lines:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let v2 = mounts.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        right
+            .starts_with("cgroup2 ")
+            .then(|| left.split_whitespace().nth(4).unwrap().to_string())
+    });
+    let hint = match v2 {
+        Some(mount) => format!("; cgroup v2 is mounted at {mount}: --process-cgroups PATH"),
+        None => ", and no cgroup v2 is mounted)".to_string(),
+    };
+    assert!(lines[0].contains(&hint), "{lines:?}");
+    let (pid, _stream) = start(&daemon, "sleep", &["1000"], json!({}));
+    let group = cgroup_of(pid);
+    kill(pid);
+    assert_eq!(group, cgroup_of(daemon.pid().unsigned_abs()));
+}
+
 /// A command allocating without bound is killed by its group's memory limit, never the daemon.
 /// Needs the memory controller delegated to the test's directory; this development machine's
 /// cgroup v2 has none (it is mounted beside v1), so there the test says so and does nothing.

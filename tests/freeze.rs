@@ -194,6 +194,45 @@ fn hierarchy_freezes_the_guests_groups_too_and_leaves_the_guests_own_freezes() {
     let _ = child.wait();
 }
 
+/// The hierarchy sweep keeps envd's liveness allowlist running (here a systemd layout made in
+/// the test's subtree): `init.scope` and journald are not frozen, `system.slice` is looked
+/// inside rather than frozen over journald, and its other services are frozen.
+#[test]
+fn hierarchy_spares_envds_liveness_allowlist_and_freezes_around_it() {
+    let Some(cgroup) = TestCgroup::make() else {
+        return;
+    };
+    let daemon = daemon_in(&cgroup, &[]);
+    for dir in [
+        "init.scope",
+        "system.slice/systemd-journald.service",
+        "system.slice/cron.service",
+    ] {
+        std::fs::create_dir_all(cgroup.child(dir)).unwrap();
+    }
+    let (status, result) = freeze(&daemon, "?mode=hierarchy&maxWaitMs=5000");
+    assert_eq!(status, 200, "{result}");
+    // init.scope, journald, socats.
+    assert_eq!(result["allowlisted"], 3, "{result}");
+    // user, ptys, cron.
+    assert_eq!(result["requested"], 3, "{result}");
+    assert!(frozen(&cgroup.child("system.slice/cron.service")));
+    for dir in [
+        "init.scope",
+        "system.slice",
+        "system.slice/systemd-journald.service",
+    ] {
+        assert!(!frozen(&cgroup.child(dir)), "{dir}");
+    }
+    let reply = daemon.call("POST", "/init", b"{}");
+    // The directory, init.scope, system.slice and its two, user, ptys, socats.
+    assert_eq!(
+        reply.header("x-envd-freeze-audit"),
+        Some(r#"{"visited":8,"frozen":3,"escaped":0,"violations":0,"truncated":false}"#)
+    );
+    assert!(!frozen(&cgroup.child("system.slice/cron.service")));
+}
+
 /// The `/init` that thaws a hierarchy freeze says what the freeze held, as envd's
 /// `X-Envd-Freeze-Audit` (E2B's orchestrator reads it): effectively frozen groups, groups made
 /// after the sweep (escaped), allowlisted ones found frozen (violations). Only that `/init`.

@@ -16,8 +16,8 @@
 BENCH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SANDBOXD_BIN=${SANDBOXD_BIN:-$BENCH_ROOT/target/x86_64-unknown-linux-musl/release/sandboxd}
 BENCH_TMP=$(mktemp -d "${TMPDIR:-/tmp}/sandboxd-bench.XXXXXX")
-# Every daemon a script starts: no cgroups made beside the machine's own (the default is the
-# daemon's own cgroup v2 directory) and no /fsfreeze of a real filesystem (the default is /).
+# Every daemon a script starts: no cgroups made in the machine's hierarchy (the default is its
+# root, /sys/fs/cgroup, as envd's) and no /fsfreeze of a real filesystem (the default is /).
 # A script that means either passes the flag, which wins.
 export SANDBOXD_PROCESS_CGROUPS=${SANDBOXD_PROCESS_CGROUPS:-off}
 export SANDBOXD_FSFREEZE_PATH=${SANDBOXD_FSFREEZE_PATH:-$BENCH_TMP/no-fsfreeze}

@@ -36,6 +36,8 @@ pub struct Builder {
     token: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// `--cgroup-root` for a daemon left at its `--process-cgroups` default.
+    cgroup_root: Option<PathBuf>,
 }
 
 pub fn builder() -> Builder {
@@ -45,6 +47,7 @@ pub fn builder() -> Builder {
         token: Some(TOKEN.to_string()),
         args: Vec::new(),
         env: Vec::new(),
+        cgroup_root: None,
     }
 }
 
@@ -70,6 +73,12 @@ impl Builder {
     /// metadata-service default, so pass `-isnotfc` or `--mmds-address 127.0.0.1:PORT` with it.
     pub fn program_name(mut self, name: &str) -> Self {
         self.program_name = Some(name.to_string());
+        self
+    }
+    /// No `--process-cgroups`, so its default applies (the `--cgroup-root` directory), with
+    /// `--cgroup-root` at `dir`: a directory of the test's own, never the machine's hierarchy.
+    pub fn default_process_cgroups_under(mut self, dir: &Path) -> Self {
+        self.cgroup_root = Some(dir.to_path_buf());
         self
     }
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -135,12 +144,22 @@ impl Builder {
             std::fs::write(&file, format!("{token}\n")).unwrap();
             command.arg("--access-token-file").arg(file);
         }
-        // Never the machine's own: no cgroups made beside the test runner's, and a /fsfreeze
-        // a test did not point at an image of its own fails (the path does not exist) instead
-        // of freezing the machine's root. A test's `env` or flag overrides them.
-        command
-            .env("SANDBOXD_PROCESS_CGROUPS", "off")
-            .env("SANDBOXD_FSFREEZE_PATH", dir.path().join("no-fsfreeze"));
+        // Never the machine's own: no cgroups made in the machine's hierarchy (the default is
+        // its root, /sys/fs/cgroup), and a /fsfreeze a test did not point at an image of its
+        // own fails (the path does not exist) instead of freezing the machine's root. A test's
+        // `env` or flag overrides them.
+        match &self.cgroup_root {
+            Some(root) => {
+                command
+                    .env_remove("SANDBOXD_PROCESS_CGROUPS")
+                    .arg("--cgroup-root")
+                    .arg(root);
+            }
+            None => {
+                command.env("SANDBOXD_PROCESS_CGROUPS", "off");
+            }
+        }
+        command.env("SANDBOXD_FSFREEZE_PATH", dir.path().join("no-fsfreeze"));
         for (key, value) in &self.env {
             command.env(key, value);
         }

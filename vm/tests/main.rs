@@ -6,6 +6,7 @@
 //! Run one with `make vm-test VM_TESTS=boot`.
 #![cfg(feature = "vm-tests")]
 
+mod cgroups;
 mod http;
 mod minimal;
 mod mmds;

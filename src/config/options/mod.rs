@@ -155,8 +155,8 @@ mod tests {
     }
 
     #[test]
-    fn process_cgroups_is_off_a_path_or_the_daemons_own() {
-        assert_eq!(PROCESS_CGROUPS.read(None).unwrap(), ProcessCgroups::Own);
+    fn process_cgroups_is_off_a_path_or_the_cgroup_root() {
+        assert_eq!(PROCESS_CGROUPS.read(None).unwrap(), ProcessCgroups::Root);
         assert_eq!(
             PROCESS_CGROUPS.read(Some("off")).unwrap(),
             ProcessCgroups::Off

@@ -53,7 +53,8 @@ pub const CGROUP_ROOT: Setting<PathBuf> = Setting {
         env: "SANDBOXD_CGROUP_ROOT",
         value: "PATH",
         default: Fallback::Text("/sys/fs/cgroup"),
-        help: "source of the container's limits",
+        help: "source of the container's limits, and where the process cgroups are made \
+               unless `--process-cgroups` says",
     },
     parse: |_, text| non_empty_path(text),
     absent: None,
@@ -62,8 +63,10 @@ pub const CGROUP_ROOT: Setting<PathBuf> = Setting {
 /// Where started processes' cgroups are made (`platform::cgroups`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProcessCgroups {
-    /// The daemon's own cgroup v2 directory, when it may write there.
-    Own,
+    /// The `--cgroup-root` directory (`/sys/fs/cgroup`, envd's `-cgroup-root`), when it is
+    /// cgroup v2 and the daemon may write there: the groups sit outside the daemon's own
+    /// cgroup, as envd's do.
+    Root,
     /// None: every process stays in the daemon's group.
     Off,
     At(PathBuf),
@@ -74,14 +77,16 @@ pub const PROCESS_CGROUPS: Setting<ProcessCgroups> = Setting {
         flag: Some("--process-cgroups"),
         env: "SANDBOXD_PROCESS_CGROUPS",
         value: "PATH",
-        default: Fallback::Words("its own group's"),
-        help: "cgroup v2 directory where started processes' groups (`ptys`, `user`, `socats`) are made, with envd's weights and memory limits; `off` for none",
+        default: Fallback::Words("the --cgroup-root directory"),
+        help: "cgroup v2 directory where started processes' groups (`ptys`, `user`, `socats`) \
+               are made, with envd's weights and memory limits (envd's: `/sys/fs/cgroup`); \
+               `off` for none",
     },
     parse: |flag, text| match text {
         "off" => Ok(ProcessCgroups::Off),
         _ => absolute_path(flag, text).map(ProcessCgroups::At),
     },
-    absent: Some(|| ProcessCgroups::Own),
+    absent: Some(|| ProcessCgroups::Root),
 };
 
 /// The filesystem `/fsfreeze` freezes: the root's in a sandbox, a test's own image in tests.

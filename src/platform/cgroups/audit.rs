@@ -5,10 +5,10 @@
 //!
 //! - **frozen**: stopped (`cgroup.events` says `frozen 1`, whether its own freeze or an
 //!   ancestor's: being stopped is the question, not who asked);
-//! - **escaped**: running although the sweep's business (neither on the daemon's chain nor
-//!   allowlisted): made after the sweep, or past its bound;
-//! - **violations**: stopped although the resume needs it (`socats` and below, the daemon's
-//!   chain);
+//! - **escaped**: running although the sweep's business (neither in the descend set nor
+//!   allowlisted, `hierarchy`'s `Liveness`): made after the sweep, or past its bound;
+//! - **violations**: stopped although the resume needs it (an allowlist entry or below: systemd,
+//!   journald, the portmapper, `socats`; the daemon's chain; an ancestor of an entry);
 //! - **visited**, the directory itself included, at most [`THAW_MAX_CGROUPS`]; **truncated**
 //!   when the bound stopped the walk (every count is then a floor).
 //!
@@ -19,8 +19,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::freeze::{walk, Visit, THAW_MAX_CGROUPS};
-use super::{events, Group, Groups};
+use super::freeze::THAW_MAX_CGROUPS;
+use super::hierarchy::{walk, Visit};
+use super::{events, Groups};
 
 /// Offenders named in the log, per kind: the counts are the measure.
 const SAMPLE: usize = 8;
@@ -63,9 +64,7 @@ fn audit_with(
     max: usize,
     frozen_at: &mut dyn FnMut(&Path) -> Option<bool>,
 ) -> Audit {
-    let socats = groups.path(Group::Socats);
-    let on_chain = |dir: &Path| groups.own.as_ref().is_some_and(|own| own.starts_with(dir));
-    let allowlisted = |dir: &Path| socats.is_some_and(|socats| dir.starts_with(socats));
+    let liveness = groups.liveness();
     // The directory itself is visited, as envd's root: never frozen, never a candidate.
     let mut result = Audit {
         visited: 1,
@@ -76,7 +75,7 @@ fn audit_with(
             // Removed mid-walk: a race, not a finding.
             return Visit::Descend;
         };
-        let protected = on_chain(dir) || allowlisted(dir);
+        let protected = liveness.protected(dir);
         match (frozen, protected) {
             (true, true) => {
                 result.violations += 1;
@@ -105,6 +104,7 @@ fn sample(into: &mut Vec<PathBuf>, root: &Path, dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::platform::cgroups::Group;
 
     fn groups(root: &Path, own: Option<&str>) -> Groups {
         Groups::for_test(
@@ -163,6 +163,59 @@ mod tests {
         assert_eq!(audit.violations, 1, "{audit:?}");
         assert_eq!(audit.violation_paths, [PathBuf::from("socats/inner")]);
         assert!(!audit.truncated);
+    }
+
+    /// A systemd guest under E2B's unit: the allowlist and the ancestors the sweep looks
+    /// inside are protected, by envd's rules.
+    #[test]
+    fn in_a_systemd_guest_the_liveness_allowlist_is_protected_and_the_rest_judged() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for dir in [
+            "init.scope",
+            "system.slice/envd.service",
+            "system.slice/systemd-journald.service",
+            "system.slice/rpcbind.socket/child",
+            "system.slice/cron.service",
+            "system.slice/late.service",
+            "user.slice/user-1000.slice",
+            "user",
+            "ptys",
+            "socats",
+        ] {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+        }
+        let stopped = [
+            "init.scope",
+            "system.slice/rpcbind.socket/child",
+            "system.slice/cron.service",
+            "user.slice",
+            "user.slice/user-1000.slice",
+            "user",
+            "ptys",
+        ];
+        let mut frozen_at = |dir: &Path| {
+            let rel = dir.strip_prefix(r).unwrap().to_str().unwrap().to_string();
+            Some(stopped.contains(&rel.as_str()))
+        };
+        let groups = groups(r, Some("system.slice/envd.service"));
+        let audit = audit_with(&groups, THAW_MAX_CGROUPS, &mut frozen_at);
+        assert_eq!(audit.visited, 14, "{audit:?}");
+        assert_eq!(audit.frozen, 5, "{audit:?}");
+        assert_eq!(
+            audit.escaped_paths,
+            [PathBuf::from("system.slice/late.service")]
+        );
+        let mut violations = audit.violation_paths.clone();
+        violations.sort();
+        assert_eq!(
+            violations,
+            [
+                PathBuf::from("init.scope"),
+                PathBuf::from("system.slice/rpcbind.socket/child")
+            ]
+        );
+        assert_eq!((audit.escaped, audit.violations), (1, 2));
     }
 
     #[test]

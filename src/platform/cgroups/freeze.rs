@@ -3,13 +3,14 @@
 //! the gate that keeps a `Start` from spawning into a frozen group.
 //!
 //! - **Sweep.** `legacy` (the default) writes `cgroup.freeze` = 1 in `user` and `ptys`.
-//!   `hierarchy` walks the `--process-cgroups` directory breadth first (at most `maxCgroups`
-//!   visited, default 512, at most 8192) and freezes every cgroup that is neither `socats`
-//!   (allowlisted) nor an ancestor of the daemon's own cgroup (descended into instead): the
-//!   complement of the daemon's chain, as envd's, but within that directory only (envd walks
-//!   the whole mount and keeps an allowlist of systemd's and journald's groups).
+//!   `hierarchy` freezes those two first, then walks the `--process-cgroups` directory (by
+//!   default the whole mount, as envd's) breadth first, at most `maxCgroups` visited (default
+//!   512, at most 8192), and freezes every cgroup the resume does not need: not envd's liveness
+//!   allowlist, not the daemon's chain nor an ancestor of an entry (`super::hierarchy`). Without
+//!   the daemon's own cgroup known, the sweep is `legacy` (envd's fallback).
 //! - **The guest's own freezes.** Before the first sweep of a freeze, every cgroup below the
-//!   directory whose `cgroup.freeze` already reads 1 (`docker pause`) is recorded: the sweep
+//!   directory whose `cgroup.freeze` already reads 1 (`docker pause`), less what the resume
+//!   needs, is recorded: the sweep
 //!   does not write it (`preFrozen`) and the thaw leaves it frozen.
 //! - **Wait.** With a budget (`maxWaitMs`), the `cgroup.events` of each written group is read
 //!   until it says `frozen 1`; between reads the freezer sleeps in `poll(POLLPRI)`, which the
@@ -34,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError, W
 use std::time::{Duration, Instant};
 
 use super::audit::{self, Audit};
+use super::hierarchy::{self, walk, Visit};
 use super::{events, write_property, Cgroups, Group, Groups};
 use crate::platform::watchdog::Watchdog;
 use crate::sys::poll::{poll_ready, Interest};
@@ -197,16 +199,36 @@ impl Cgroups {
         };
         *self.freezer.gate.write().unwrap_or_else(|e| e.into_inner()) = true;
         let sweep_start = Instant::now();
+        let liveness = groups.liveness();
         if !state.active {
-            let (found, truncated) = frozen_below(&groups.root);
+            let (mut found, truncated) = frozen_below(&groups.root);
+            // What the resume needs is never recorded as the guest's: found frozen, it is
+            // drift the thaw clears (envd's `ScanGuestFrozen`).
+            found.retain(|dir| !liveness.protected(dir));
             state.guest_frozen = found;
             result.truncated |= truncated;
         }
         result.pre_frozen = state.guest_frozen.len();
-        let targets = match options.mode {
-            Mode::Legacy => own_groups(groups),
-            Mode::Hierarchy => hierarchy_targets(groups, options.max_cgroups, &mut result),
+        // Not knowing its own cgroup, the daemon cannot keep its chain out of a walk that
+        // could freeze it: legacy instead, as envd falls back.
+        let mode = match (options.mode, &groups.own) {
+            (Mode::Hierarchy, None) => Mode::Legacy,
+            (mode, _) => mode,
         };
+        result.mode = mode.as_str();
+        // `user` and `ptys` first in either mode (envd's static list), so no bound leaves them.
+        let mut targets = own_groups(groups);
+        if mode == Mode::Hierarchy {
+            let max = match options.max_cgroups {
+                0 => DEFAULT_MAX_CGROUPS,
+                n => n.min(THAW_MAX_CGROUPS),
+            };
+            let sweep = hierarchy::sweep(&liveness, &targets, max);
+            result.visited = sweep.visited;
+            result.allowlisted = sweep.allowlisted;
+            result.truncated |= sweep.truncated;
+            targets.extend(sweep.targets);
+        }
         let mut written = Vec::new();
         for target in targets {
             if state.guest_frozen.contains(&target) {
@@ -221,7 +243,7 @@ impl Cgroups {
         state.active = true;
         // A legacy sweep after a hierarchy one leaves the hierarchy's groups frozen, but it is
         // the last sweep that says what the freeze meant to stop (envd's sweep state).
-        state.swept = Some(options.mode);
+        state.swept = Some(mode);
         result.sweep_ms = millis(sweep_start.elapsed());
         if !written.is_empty() {
             let weak = Arc::downgrade(self);
@@ -341,73 +363,6 @@ fn watchdog_thaw(cgroups: &Weak<Cgroups>, generation: u64) {
     ));
 }
 
-/// The hierarchy sweep's candidates: the complement of the daemon's chain below the root.
-fn hierarchy_targets(groups: &Groups, max: usize, result: &mut FreezeResult) -> Vec<PathBuf> {
-    let max = match max {
-        0 => DEFAULT_MAX_CGROUPS,
-        n => n.min(THAW_MAX_CGROUPS),
-    };
-    let socats = groups.path(Group::Socats);
-    let mut allowlisted = 0;
-    let (targets, visited, truncated) = walk(&groups.root, max, &mut |dir| {
-        if Some(dir) == socats {
-            allowlisted += 1;
-            Visit::Skip
-        } else if groups.own.as_ref().is_some_and(|own| own.starts_with(dir)) {
-            Visit::Descend
-        } else {
-            Visit::Pick
-        }
-    });
-    result.allowlisted = allowlisted;
-    result.visited = visited;
-    result.truncated |= truncated;
-    targets
-}
-
-/// What a walk does with a cgroup it visits.
-pub(super) enum Visit {
-    /// Neither: leave it and what is below.
-    Skip,
-    /// Look below it.
-    Descend,
-    /// Take it, not what is below.
-    Pick,
-    /// Take it and look below.
-    PickAndDescend,
-}
-
-/// The cgroups below `root` that `visit` picks, breadth first, at most `max` visited; how many
-/// were, and whether the bound stopped the walk.
-pub(super) fn walk(
-    root: &Path,
-    max: usize,
-    visit: &mut dyn FnMut(&Path) -> Visit,
-) -> (Vec<PathBuf>, usize, bool) {
-    let mut picked = Vec::new();
-    let mut queue = vec![root.to_path_buf()];
-    let (mut next, mut visited) = (0, 0);
-    while let Some(dir) = queue.get(next).cloned() {
-        next += 1;
-        for child in subdirectories(&dir) {
-            if visited >= max {
-                return (picked, visited, true);
-            }
-            visited += 1;
-            match visit(&child) {
-                Visit::Skip => {}
-                Visit::Descend => queue.push(child),
-                Visit::Pick => picked.push(child),
-                Visit::PickAndDescend => {
-                    picked.push(child.clone());
-                    queue.push(child);
-                }
-            }
-        }
-    }
-    (picked, visited, false)
-}
-
 /// Every cgroup below `root` whose own `cgroup.freeze` reads 1 (at most [`THAW_MAX_CGROUPS`]
 /// visited), and whether the bound stopped the walk.
 fn frozen_below(root: &Path) -> (Vec<PathBuf>, bool) {
@@ -430,19 +385,6 @@ fn own_groups(groups: &Groups) -> Vec<PathBuf> {
     [Group::User, Group::Ptys]
         .iter()
         .filter_map(|g| groups.path(*g).map(Path::to_path_buf))
-        .collect()
-}
-
-/// The child cgroups of `dir`, in the directory's order (cgroupfs has no symlinks; a
-/// vanished one lists nothing).
-fn subdirectories(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
         .collect()
 }
 
@@ -512,6 +454,77 @@ mod tests {
         assert!(cgroups.try_thaw().is_err());
         drop(held);
         assert!(cgroups.try_thaw().is_ok());
+    }
+
+    /// A tree of directories with a `cgroup.freeze` each reading 0, and the manager over it.
+    fn tree_with(own: Option<&str>, dirs: &[&str]) -> (tempfile::TempDir, Arc<Cgroups>) {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for dir in dirs {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+            std::fs::write(r.join(dir).join("cgroup.freeze"), "0").unwrap();
+        }
+        let groups = Groups::for_test(
+            r.to_path_buf(),
+            own.map(|own| r.join(own)),
+            &[(Group::User, r.join("user")), (Group::Ptys, r.join("ptys"))],
+        );
+        let cgroups = Arc::new(Cgroups {
+            groups: Some(groups),
+            freezer: Freezer::new(Duration::from_secs(600)),
+        });
+        (root, cgroups)
+    }
+
+    fn freeze_requested(root: &Path, dir: &str) -> bool {
+        freeze_requested_at(&root.join(dir))
+    }
+
+    #[test]
+    fn a_hierarchy_freeze_spares_the_allowlist_and_the_chain_and_is_legacy_without_its_own() {
+        let dirs = [
+            "user",
+            "ptys",
+            "init.scope",
+            "system.slice/envd.service",
+            "system.slice/systemd-journald.service",
+            "system.slice/cron.service",
+            "user.slice",
+        ];
+        let hierarchy = Options {
+            max_wait: Duration::ZERO,
+            mode: Mode::Hierarchy,
+            max_cgroups: 0,
+        };
+        let (root, cgroups) = tree_with(Some("system.slice/envd.service"), &dirs);
+        let r = root.path();
+        // The guest froze journald itself before (drift): ours, so not kept frozen as its own.
+        std::fs::write(
+            r.join("system.slice/systemd-journald.service/cgroup.freeze"),
+            "1",
+        )
+        .unwrap();
+        let result = cgroups.freeze(&hierarchy).unwrap();
+        assert_eq!(result.mode, "hierarchy");
+        assert_eq!(result.pre_frozen, 0, "{result:?}");
+        assert_eq!((result.requested, result.allowlisted), (4, 2), "{result:?}");
+        for dir in ["user", "ptys", "system.slice/cron.service", "user.slice"] {
+            assert!(freeze_requested(r, dir), "{dir}");
+        }
+        for dir in ["init.scope", "system.slice/envd.service"] {
+            assert!(!freeze_requested(r, dir), "{dir}");
+        }
+        assert_eq!(cgroups.try_thaw().unwrap().thawed, 5);
+        assert!(!freeze_requested(
+            r,
+            "system.slice/systemd-journald.service"
+        ));
+
+        let (root, cgroups) = tree_with(None, &dirs);
+        let result = cgroups.freeze(&hierarchy).unwrap();
+        assert_eq!((result.mode, result.requested), ("legacy", 2), "{result:?}");
+        assert!(!freeze_requested(root.path(), "system.slice/cron.service"));
+        assert!(!freeze_requested(root.path(), "user.slice"));
     }
 
     #[test]

@@ -9,6 +9,15 @@
 //! | `user` | piped processes | `cpu.weight` 50, `io.weight` `default 10`, the same memory limits |
 //! | `socats` | envd's port forwarders | `cpu.weight` 150, `io.weight` `default 50`, `memory.min` 5 MiB, `memory.low` 8 MiB |
 //!
+//! Where: by default the `--cgroup-root` directory, `/sys/fs/cgroup` (envd's `-cgroup-root`),
+//! so the groups sit beside the daemon's own cgroup, not inside it: under E2B's unit
+//! (`Delegate=yes`) the daemon's cgroup holds the daemon, so cgroup v2's no-internal-process rule
+//! keeps controllers off below it (no weights, no limits); the user's processes would inherit the
+//! unit's protection meant for the daemon (`CPUWeight=1000`, `MemoryMin=`); and systemd's
+//! restart of a crashed daemon kills the unit's whole cgroup, the user's processes with it.
+//! A default directory that is not cgroup v2 is refused, saying where v2 is mounted if anywhere:
+//! the daemon never picks another place on its own.
+//!
 //! A process tagged `_system` stays in the daemon's own group (never frozen), as envd's. A
 //! property is written only where its file exists: a controller not enabled in the
 //! directory's `cgroup.subtree_control` has no files, and its properties are skipped and named
@@ -24,6 +33,7 @@ pub mod audit;
 pub mod events;
 pub mod freeze;
 mod handover;
+pub mod hierarchy;
 pub use handover::CarriedFreeze;
 
 use std::fs::{File, OpenOptions};
@@ -131,6 +141,11 @@ impl Groups {
         }
     }
 
+    /// What the freezes must keep running below the directory.
+    pub fn liveness(&self) -> hierarchy::Liveness {
+        hierarchy::Liveness::new(&self.root, self.own.as_deref())
+    }
+
     /// The open `cgroup.procs` a child of `group` writes itself to.
     pub fn procs(&self, group: Group) -> Option<Arc<File>> {
         self.dirs
@@ -185,19 +200,18 @@ impl Cgroups {
 /// The groups made and the properties skipped (`; skipped ...: a, b`, or empty); `None` when
 /// off.
 fn make(config: &Config) -> Result<Option<(Groups, String)>, String> {
-    let own = own_directory(config);
     let root = match &config.process_cgroups {
         ProcessCgroups::Off => return Ok(None),
         ProcessCgroups::At(path) => path.clone(),
-        ProcessCgroups::Own => own
-            .clone()
-            .ok_or("the daemon's cgroup v2 directory was not found")?,
+        ProcessCgroups::Root => config.cgroup_root.clone(),
     };
+    let mountinfo = read_self(config, "mountinfo");
     match crate::sys::statfs::fs_type(&root) {
         Ok(CGROUP2_SUPER_MAGIC) => {}
-        Ok(_) => return Err(format!("{} is not a cgroup v2 directory", root.display())),
+        Ok(_) => return Err(not_v2(&root, mountinfo.as_deref())),
         Err(e) => return Err(format!("{}: {e}", root.display())),
     }
+    let own = own_directory(config, mountinfo.as_deref());
     let mem_total = std::fs::read_to_string(config.proc_root.join("meminfo"))
         .ok()
         .and_then(|text| events::mem_total(&text));
@@ -241,12 +255,39 @@ pub fn write_property(path: &Path, value: &str) -> io::Result<()> {
     file.write_all(value.as_bytes())
 }
 
+/// Why `root` cannot hold the groups: not cgroup v2, and where cgroup v2 is when it is mounted
+/// elsewhere (a hybrid host's `/sys/fs/cgroup/unified`, beside v1). The daemon never moves there
+/// on its own: such a mount has no controllers (v1 holds them), and the place is the operator's
+/// to choose with `--process-cgroups`.
+fn not_v2(root: &Path, mountinfo: Option<&str>) -> String {
+    let elsewhere = mountinfo.and_then(|text| {
+        cgroup_detect::parse_mountinfo(text)
+            .into_iter()
+            .find(|m| m.kind == cgroup_detect::MountKind::V2)
+    });
+    match elsewhere {
+        Some(mount) => format!(
+            "{} is not a cgroup v2 directory; cgroup v2 is mounted at {}: --process-cgroups \
+             PATH makes the groups there",
+            root.display(),
+            mount.mount_point.display()
+        ),
+        None => format!(
+            "{} is not a cgroup v2 directory, and no cgroup v2 is mounted",
+            root.display()
+        ),
+    }
+}
+
+fn read_self(config: &Config, name: &str) -> Option<String> {
+    std::fs::read_to_string(config.proc_root.join("self").join(name)).ok()
+}
+
 /// The daemon's own cgroup v2 directory, from `/proc/self/cgroup` and `/proc/self/mountinfo`.
-fn own_directory(config: &Config) -> Option<PathBuf> {
-    let read = |name: &str| std::fs::read_to_string(config.proc_root.join("self").join(name)).ok();
+fn own_directory(config: &Config, mountinfo: Option<&str>) -> Option<PathBuf> {
     let layout = cgroup_detect::detect(
-        read("cgroup").as_deref(),
-        read("mountinfo").as_deref(),
+        read_self(config, "cgroup").as_deref(),
+        mountinfo,
         &config.cgroup_root,
         // The function the sampler passes too: one copy of `detect` in the binary.
         Path::exists,
@@ -281,6 +322,28 @@ mod tests {
         let socats = Group::Socats.properties(Some(gib));
         assert_eq!(socats[2], ("memory.min", "5242880".into()));
         assert_eq!(socats[3], ("memory.low", "8388608".into()));
+    }
+
+    #[test]
+    fn a_directory_not_v2_is_refused_naming_where_v2_is_mounted_if_anywhere() {
+        let hybrid = "\
+30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+33 30 0:29 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,memory
+";
+        let root = Path::new("/sys/fs/cgroup");
+        assert_eq!(
+            not_v2(root, Some(hybrid)),
+            "/sys/fs/cgroup is not a cgroup v2 directory; cgroup v2 is mounted at \
+             /sys/fs/cgroup/unified: --process-cgroups PATH makes the groups there"
+        );
+        let v1_only = "33 30 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        for mountinfo in [Some(v1_only), None] {
+            assert_eq!(
+                not_v2(root, mountinfo),
+                "/sys/fs/cgroup is not a cgroup v2 directory, and no cgroup v2 is mounted"
+            );
+        }
     }
 
     #[test]
