@@ -178,6 +178,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
             waker: &waker,
             in_flight: &in_flight,
             spare: &mut None,
+            logged: &std::cell::Cell::new(false),
         };
         conn.run(io, &mut cx)
     };

@@ -31,9 +31,10 @@ pub trait Handler: Send + Sync + 'static {
     /// Something about the server rather than a request (an accept error, once per burst).
     fn notice(&self, message: std::fmt::Arguments<'_>);
 
-    /// Called by a worker that ran requests and is about to wait for events with none ready
-    /// (or to stand by): for what the application batches per thread, such as buffered log
-    /// lines. Workers busy with a steady stream of events call it only when the stream pauses.
+    /// Called by a worker that logged requests ([`log`](Self::log)) since it last called it and
+    /// is about to wait for events with none ready (or to stand by): for what the application
+    /// batches per thread, such as buffered log lines. Workers busy with a steady stream of
+    /// events call it only when the stream pauses.
     fn idle(&self) {}
 
     /// Called by the timekeeper thread on each of its rounds (at most a second apart, more

@@ -8,6 +8,12 @@
 //! disk: the timekeeper, told when runs are under way, looks every [`STUCK`] and wakes a
 //! standby worker for each waiting one that has been in a single run longer than that. A
 //! worker that finishes finds more workers taking events than needed and goes back to standby.
+//!
+//! The timekeeper goes on looking while runs keep starting, and stops only after a whole look
+//! found none under way and none started since the look before; only then does the next run
+//! tell it (a futex wake). So a steady stream of short runs (a download's sends, one per
+//! drained socket buffer; keep-alive requests) wakes no other thread, and an isolated request
+//! costs the timekeeper what it did: one wake-up and one look.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -27,10 +33,12 @@ struct Taking {
 pub(crate) struct Pool {
     /// Workers meant to take events when none is stuck.
     waiting: usize,
-    /// When each worker's current run started, in microseconds since `epoch` plus one; 0 when
-    /// it is not running anything.
+    /// When each worker's latest run started, in microseconds since `epoch`, shifted left by
+    /// one; the low bit is set while that run is under way.
     runs: Vec<AtomicU64>,
     epoch: Instant,
+    /// When the timekeeper last looked (`watch`), in microseconds since `epoch`.
+    last_look: AtomicU64,
     taking: Mutex<Taking>,
     /// `taking.count`, readable without the lock: most of the time no worker is spare.
     taking_now: AtomicUsize,
@@ -45,6 +53,7 @@ impl Pool {
             waiting: waiting.clamp(1, workers.max(1)),
             runs: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
+            last_look: AtomicU64::new(0),
             taking: Mutex::new(Taking {
                 count: workers,
                 granted: 0,
@@ -57,12 +66,14 @@ impl Pool {
 
     /// Worker `index` starts a run. True when the timekeeper must be told to watch.
     pub(crate) fn run_started(&self, index: usize) -> bool {
-        self.runs[index].store(self.micros(Instant::now()) + 1, Ordering::SeqCst);
+        self.runs[index].store((self.micros(Instant::now()) << 1) | 1, Ordering::SeqCst);
         !self.watching.load(Ordering::SeqCst) && !self.watching.swap(true, Ordering::SeqCst)
     }
 
     pub(crate) fn run_ended(&self, index: usize) {
-        self.runs[index].store(0, Ordering::Release);
+        let run = &self.runs[index];
+        // Only this worker writes its entry: the start stays, for `watch`.
+        run.store(run.load(Ordering::Relaxed) & !1, Ordering::Release);
     }
 
     /// Whether [`stand_by_if_spare`](Self::stand_by_if_spare) may stand by (a hint, read
@@ -91,7 +102,8 @@ impl Pool {
     }
 
     /// The timekeeper's look while watching: a standby worker woken for each stuck one beyond
-    /// what already replaced it. False once no run is under way (watching stops).
+    /// what already replaced it. False once no run is under way and none started since the
+    /// look before (watching stops).
     pub(crate) fn watch(&self, now: Instant) -> bool {
         let stuck = self.stuck(now);
         {
@@ -103,7 +115,8 @@ impl Pool {
             }
             self.taking_now.store(taking.count, Ordering::Relaxed);
         }
-        if self.running() {
+        let before = self.last_look.swap(self.micros(now), Ordering::Relaxed);
+        if self.running() || self.started_since(before) {
             return true;
         }
         // Stop, then look again: a run that started meanwhile either sees the flag down (and
@@ -121,8 +134,8 @@ impl Pool {
     pub(crate) fn each_stuck(&self, now: Instant, mut each: impl FnMut(usize)) {
         let limit = self.micros(now).saturating_sub(STUCK_MICROS);
         for (index, run) in self.runs.iter().enumerate() {
-            let started = run.load(Ordering::Acquire);
-            if started != 0 && started - 1 < limit {
+            let run = run.load(Ordering::Acquire);
+            if run & 1 == 1 && run >> 1 < limit {
                 each(index);
             }
         }
@@ -133,7 +146,16 @@ impl Pool {
     }
 
     fn running(&self) -> bool {
-        self.runs.iter().any(|run| run.load(Ordering::SeqCst) != 0)
+        self.runs
+            .iter()
+            .any(|run| run.load(Ordering::SeqCst) & 1 == 1)
+    }
+
+    /// Whether a run started at or after `micros`.
+    fn started_since(&self, micros: u64) -> bool {
+        self.runs
+            .iter()
+            .any(|run| run.load(Ordering::Acquire) >> 1 >= micros)
     }
 
     /// Workers whose current run started longer than [`STUCK`] ago.
@@ -217,6 +239,41 @@ mod tests {
         assert!(
             again.try_recv().is_err(),
             "the extra worker went back to standby"
+        );
+    }
+
+    #[test]
+    fn watching_goes_on_while_runs_keep_starting_and_stops_after_a_quiet_look() {
+        let pool = Pool::new(2, 2);
+        assert!(
+            pool.run_started(0),
+            "the first run asks the timekeeper to watch"
+        );
+        pool.run_ended(0);
+        assert!(
+            pool.watch(Instant::now()),
+            "a run started since the look before"
+        );
+        thread::sleep(Duration::from_millis(1));
+        assert!(
+            !pool.run_started(1),
+            "still watching: the timekeeper is not told"
+        );
+        pool.run_ended(1);
+        thread::sleep(Duration::from_millis(1));
+        assert!(
+            pool.watch(Instant::now()),
+            "a run started since the last look"
+        );
+        thread::sleep(Duration::from_millis(1));
+        assert!(
+            !pool.watch(Instant::now()),
+            "a look with no run under way or started since: watching stops"
+        );
+        assert!(!pool.is_watching());
+        assert!(
+            pool.run_started(0),
+            "the next run tells the timekeeper again"
         );
     }
 

@@ -113,6 +113,9 @@ pub(crate) struct Context<'a, H> {
     /// The worker's spare box for a request body's state, reused from one request to the next
     /// (see [`Reading::boxed`]).
     pub spare: &'a mut Option<Box<Reading>>,
+    /// Set when a request is logged ([`Handler::log`]): the worker then owes the handler an
+    /// [`idle`](Handler::idle) before it waits.
+    pub logged: &'a std::cell::Cell<bool>,
 }
 
 /// A connection's state between two runs.
@@ -265,6 +268,7 @@ fn log<H: Handler>(cx: &Context<'_, H>, exchange: &Exchange, status: u16, bytes:
         .head
         .as_ref()
         .map_or(("-", "-"), |h| (h.method(), h.target()));
+    cx.logged.set(true);
     cx.handler.log(&Record {
         method,
         target,

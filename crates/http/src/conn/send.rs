@@ -13,7 +13,7 @@ use crate::handler::Handler;
 use crate::stream::{Poll, StreamSource};
 
 /// Most bytes one `sendfile` call is asked for.
-const SENDFILE_CHUNK: usize = 1 << 20;
+const SENDFILE_CHUNK: usize = 2 << 20;
 
 /// A small answer's facts while its bytes are in the worker's buffer.
 pub(super) struct Reply {

@@ -13,6 +13,7 @@ use super::worker::Worker;
 use super::{lock, Connection, Shared, LISTENER, WANT_IN};
 use crate::conn::Conn;
 use crate::handler::Handler;
+use crate::sys;
 
 /// Pause after an accept error that closing a connection could not cure.
 pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -27,7 +28,7 @@ impl<H: Handler> Shared<H> {
             let Some(listener) = listener.as_ref() else {
                 return;
             };
-            let accepted = listener.accept();
+            let accepted = sys::accept_nonblocking(listener);
             // Re-armed at once unless accepting itself failed (then: below).
             if accepted.as_ref().map_or_else(is_transient, |_| true) {
                 let _ = self.epoll.modify(listener.as_raw_fd(), LISTENER, WANT_IN);
@@ -35,11 +36,8 @@ impl<H: Handler> Shared<H> {
             accepted
         };
         match accepted {
-            Ok((socket, _)) => {
+            Ok(socket) => {
                 self.accept_error_logged.store(false, Ordering::Relaxed);
-                if socket.set_nonblocking(true).is_err() {
-                    return;
-                }
                 // Without TCP_NODELAY small answers wait for delayed ACKs (40 ms).
                 let _ = socket.set_nodelay(true);
                 let connection = Connection {

@@ -5,7 +5,9 @@
 //! connection costs no `epoll_ctl`. An edge comes only when new bytes (or room, or a hang-up)
 //! arrive, so a connection is parked waiting for one only when its last read came back short
 //! or refused (all there was: the next bytes bring an edge) or its last write was refused; one
-//! still ready (a turn's end) goes to the back of the line as a wake-up. Workers take up to
+//! still ready (a turn's end) goes to the back of its worker's line, run again after that
+//! worker's next look at the epoll (as nginx's posted events), so a long download wakes no
+//! other thread. Workers take up to
 //! [`BATCH`] events per `epoll_wait` and run them one by one; while a worker is stuck in one
 //! (a slow disk), the timekeeper hands the rest of its batch to the others. Connections not
 //! being run live in [`Slots`]; a token names a slot and its generation, so an event for a
@@ -38,6 +40,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+#[cfg(test)]
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -106,6 +110,10 @@ pub fn start<H: Handler>(
     let wakeups = Arc::new(Wakeups {
         queue: Mutex::new(VecDeque::new()),
         fd: sys::eventfd()?,
+        #[cfg(test)]
+        pushed: AtomicU64::new(0),
+        #[cfg(test)]
+        kept: AtomicU64::new(0),
     });
     epoll.add(listener.as_raw_fd(), LISTENER, WANT_IN)?;
     epoll.add(wakeups.fd.as_raw_fd(), WAKE, WANT_IN)?;

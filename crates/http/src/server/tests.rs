@@ -7,6 +7,7 @@
 //! answer, the head written, the send.
 
 use std::cell::Cell;
+use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +15,19 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::sys::counting;
-use crate::{Action, Config, Error, Handler, Head, Record, Response};
+use crate::{Action, Config, Error, Handler, Head, Record, Response, ResponseBody};
 
 fn serve<H: Handler>(workers: usize, waiting_workers: usize, handler: H) -> SocketAddr {
+    let (addr, server) = start(workers, waiting_workers, handler);
+    std::mem::forget(server);
+    addr
+}
+
+fn start<H: Handler>(
+    workers: usize,
+    waiting_workers: usize,
+    handler: H,
+) -> (SocketAddr, super::Server<H>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let timeout = Duration::from_secs(30);
@@ -32,8 +43,7 @@ fn serve<H: Handler>(workers: usize, waiting_workers: usize, handler: H) -> Sock
         collect_budget: 1 << 20,
         server_header: "test".into(),
     };
-    std::mem::forget(super::start(listener, config, handler).unwrap());
-    addr
+    (addr, super::start(listener, config, handler).unwrap())
 }
 
 /// How long `/block` holds its worker.
@@ -220,4 +230,88 @@ fn a_warm_worker_answers_keep_alive_requests_without_allocating() {
     logged(handler, 2204);
     let made = handler.on_workers.load(Ordering::SeqCst) - warm;
     assert_eq!(made, 0, "allocations in 2,004 keep-alive requests");
+}
+
+/// `/file`: the file of [`FILE_BYTES`] bytes.
+struct Files(File);
+
+/// Many turns' worth (`conn::TURN_BYTES`).
+const FILE_BYTES: usize = 64 << 20;
+
+impl Handler for Files {
+    fn begin(&self, _head: &Head) -> Action {
+        let file = self.0.try_clone().unwrap();
+        Action::Respond(Response::new(
+            200,
+            ResponseBody::File {
+                file,
+                offset: 0,
+                len: FILE_BYTES as u64,
+            },
+        ))
+    }
+
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
+        Response::empty(error.status())
+    }
+
+    fn log(&self, _record: &Record<'_>) {}
+
+    fn notice(&self, _message: std::fmt::Arguments<'_>) {}
+}
+
+#[test]
+fn a_long_file_send_wakes_no_other_worker_at_its_turns_ends() {
+    let mut file = tempfile();
+    let block = vec![7u8; 1 << 20];
+    for _ in 0..FILE_BYTES >> 20 {
+        file.write_all(&block).unwrap();
+    }
+    let (addr, server) = start(2, 2, Files(file));
+    let wakeups = &server.shared.wakeups;
+    // On one connection, whose buffers grow, until some run ended its turn (sent a turn's
+    // bytes without the socket filling up), which depends on how fast this side reads.
+    let mut socket = TcpStream::connect(addr).unwrap();
+    let mut body = vec![0u8; 4 << 20];
+    for _ in 0..32 {
+        socket
+            .write_all(b"GET /file HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        read_answer(&mut socket);
+        let mut received = 0;
+        while received < FILE_BYTES {
+            let n = socket
+                .read(&mut body[..(FILE_BYTES - received).min(4 << 20)])
+                .unwrap();
+            assert!(n > 0, "closed after {received} bytes");
+            received += n;
+        }
+        if wakeups.kept.load(Ordering::SeqCst) + wakeups.pushed.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+    }
+    assert!(
+        wakeups.kept.load(Ordering::SeqCst) > 0,
+        "no run was still ready at its turn's end"
+    );
+    // Run again by its own worker; the wake-up queue (an eventfd write waking another worker)
+    // is for other threads' work only.
+    assert_eq!(wakeups.pushed.load(Ordering::SeqCst), 0);
+}
+
+/// An unnamed file in the temporary directory, removed when closed.
+fn tempfile() -> File {
+    let path = std::env::temp_dir().join(format!(
+        "sandboxd-http-test-{}-{:?}",
+        std::process::id(),
+        thread::current().id()
+    ));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    file
 }

@@ -23,12 +23,21 @@ pub(super) enum Dispatch {
 pub(super) struct Wakeups {
     pub(super) queue: Mutex<VecDeque<Dispatch>>,
     pub(super) fd: File,
+    /// Items pushed so far, and connections run again by their own worker at a turn's end
+    /// instead: a test's proof that a long send wakes no other worker.
+    #[cfg(test)]
+    pub(super) pushed: std::sync::atomic::AtomicU64,
+    #[cfg(test)]
+    pub(super) kept: std::sync::atomic::AtomicU64,
 }
 
 impl Wakeups {
     pub(super) fn push(&self, dispatch: Dispatch) {
         let mut queue = lock(&self.queue);
         queue.push_back(dispatch);
+        #[cfg(test)]
+        self.pushed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = (&self.fd).write(&1u64.to_ne_bytes());
     }
 

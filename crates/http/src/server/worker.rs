@@ -2,6 +2,7 @@
 //! queue), runs it as far as it goes without waiting, and parks it again or closes it; and the
 //! socket as the connection state machine's [`Io`].
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io;
 use std::net::{Shutdown, TcpStream};
@@ -31,6 +32,11 @@ pub(super) struct Worker {
     out: Vec<u8>,
     date: DateCache,
     spare: Option<Box<crate::conn::Reading>>,
+    /// Connections this worker parked still ready (a turn's end), run again after its next
+    /// look at the epoll: no other thread is woken for them.
+    again: Vec<u64>,
+    /// A request was logged since the handler was last told the worker is idle.
+    logged: Cell<bool>,
 }
 
 impl<H: Handler> Shared<H> {
@@ -40,22 +46,33 @@ impl<H: Handler> Shared<H> {
             out: Vec::with_capacity(OUT_BYTES),
             date: DateCache::new(),
             spare: None,
+            again: Vec::with_capacity(BATCH),
+            logged: Cell::new(false),
         };
         let mut waited = Vec::with_capacity(BATCH);
-        // Requests were run since the handler was last told the worker is idle.
-        let mut ran = false;
         loop {
-            if ran && self.pool.may_stand_by() {
-                ran = false;
+            // A worker holding connections to run again never stands by.
+            let holding = !worker.again.is_empty();
+            let logged = worker.logged.get();
+            if logged && !holding && self.pool.may_stand_by() {
+                worker.logged.set(false);
                 self.handler.idle();
             }
-            self.pool.stand_by_if_spare();
-            // After a batch, first a look without waiting: only when nothing is ready is the
-            // handler told, before the worker blocks.
+            if !holding {
+                self.pool.stand_by_if_spare();
+            }
+            // After a batch that logged requests, first a look without waiting: only when
+            // nothing is ready is the handler told, before the worker blocks. After one that
+            // logged none (a download's sends) the handler has nothing to do: the worker
+            // blocks at once.
             waited.clear();
-            match self.epoll.wait(&mut waited, if ran { 0 } else { -1 }) {
-                Ok(0) if ran => {
-                    ran = false;
+            match self
+                .epoll
+                .wait(&mut waited, if logged || holding { 0 } else { -1 })
+            {
+                Ok(0) if holding => {}
+                Ok(0) if logged => {
+                    worker.logged.set(false);
                     self.handler.idle();
                     continue;
                 }
@@ -68,10 +85,14 @@ impl<H: Handler> Shared<H> {
                     continue;
                 }
             }
-            // Taken one at a time from the worker's batch, in the order they came; while it
-            // is stuck in one, the timekeeper hands the rest to others (`hand_over_batch`).
-            waited.reverse();
-            lock(&self.batches[index]).append(&mut waited);
+            // Taken one at a time from the worker's batch, in the order they came, the ones to
+            // run again last; while it is stuck in one, the timekeeper hands the rest to others
+            // (`hand_over_batch`). The batch is kept in reverse order.
+            {
+                let mut batch = lock(&self.batches[index]);
+                batch.extend(worker.again.drain(..).rev());
+                batch.extend(waited.drain(..).rev());
+            }
             loop {
                 let next = lock(&self.batches[index]).pop();
                 let Some(token) = next else {
@@ -79,7 +100,6 @@ impl<H: Handler> Shared<H> {
                 };
                 self.run_one(index, token, &mut worker);
             }
-            ran = true;
         }
     }
 
@@ -155,6 +175,7 @@ impl<H: Handler> Shared<H> {
                 waker: &make_waker,
                 in_flight: &self.in_flight,
                 spare: &mut worker.spare,
+                logged: &worker.logged,
             };
             let mut io = SocketIo {
                 socket: &connection.socket,
@@ -171,7 +192,7 @@ impl<H: Handler> Shared<H> {
             // The registration is edge-triggered: an edge comes only after the socket ran dry
             // (a read short of the buffer or refused, a write refused). A connection still
             // ready for what it waits for (a turn's end: see `TURN_BYTES`) goes to the back of
-            // the line as a wake-up instead.
+            // this worker's line instead, behind whatever its next look at the epoll finds.
             let (interest, ready) = match wait {
                 Wait::Read => (WANT_READ, !io.drained),
                 Wait::Write => (WANT_WRITE, !io.write_blocked),
@@ -201,7 +222,9 @@ impl<H: Handler> Shared<H> {
                 }
             };
             if ready {
-                self.wakeups.push(Dispatch::Wake(token));
+                worker.again.push(token);
+                #[cfg(test)]
+                self.wakeups.kept.fetch_add(1, Ordering::SeqCst);
             }
             // Closed outside the lock.
             drop(evicted);
