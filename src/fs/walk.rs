@@ -144,8 +144,9 @@ impl SortedNames {
     }
 
     /// The next name of `dir` in byte order, `None` at the end; a batch of at most `budget`
-    /// bytes is read when the last one is spent.
-    pub fn next(&mut self, dir: &Dir, budget: usize) -> io::Result<Option<std::ffi::OsString>> {
+    /// bytes is read when the last one is spent. (Lent, not copied: it is also the place the
+    /// next pass starts after.)
+    pub fn next(&mut self, dir: &Dir, budget: usize) -> io::Result<Option<&OsStr>> {
         if self.batch.is_empty() {
             if self.complete {
                 return Ok(None);
@@ -156,8 +157,7 @@ impl SortedNames {
             return Ok(None);
         };
         self.held -= cost(name.as_encoded_bytes());
-        self.after = Some(name.clone());
-        Ok(Some(name))
+        Ok(Some(self.after.insert(name)))
     }
 
     /// The bytes its batch holds.
@@ -342,8 +342,9 @@ mod tests {
         let mut got = Vec::new();
         let mut most = 0;
         while let Some(name) = names.next(&dir, budget).unwrap() {
+            let name = name.as_bytes().to_vec();
             most = most.max(names.held());
-            got.push(name.into_vec());
+            got.push(name);
             // Let go of the batch now and then, as an ancestor of a deep walk does.
             if got.len() % 97 == 0 {
                 names.release();
@@ -371,7 +372,7 @@ mod tests {
         std::fs::remove_file(tmp.path().join("f")).unwrap();
         let mut rest = Vec::new();
         while let Some(name) = names.next(&dir, one).unwrap() {
-            rest.push(name.into_string().unwrap());
+            rest.push(name.to_str().unwrap().to_string());
         }
         assert_eq!(rest, ["d", "e", "h"]);
     }

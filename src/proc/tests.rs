@@ -319,6 +319,7 @@ fn listed_after_reap(
         outputs: vec![Output {
             kind: OutputKind::Stdout,
             file: Some(Arc::new(output)),
+            rest_until: None,
         }],
         input: None,
         pending_input: Default::default(),

@@ -89,19 +89,20 @@ struct Level {
     path_len: usize,
 }
 
-/// The member whose data is being sent.
+/// The member whose data is being sent. Its name in the archive (for the log) is the
+/// archive path until its data is out; `dir_len` bytes of it are its directory's.
 struct Body {
     file: File,
     size: u64,
     offset: u64,
-    /// Its name in the archive (for the log).
-    path: Vec<u8>,
+    dir_len: usize,
 }
 
 struct TarJob {
     sender: Option<StreamSender>,
     descent: Descent<Level>,
-    /// The archive path of the current directory, ending with `/` (empty at the top).
+    /// The archive path of the current directory, ending with `/` (empty at the top); while a
+    /// file's data is sent, followed by the file's name.
     path: Vec<u8>,
     /// Header and padding bytes not yet put into a piece.
     pending: Vec<u8>,
@@ -156,54 +157,57 @@ impl TarJob {
         self.sender = None;
     }
 
-    /// Fills `buf` with the archive's next bytes: how many, and whether the archive is
-    /// complete with them.
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(usize, bool), String> {
-        let mut filled = 0;
+    /// Appends the archive's next bytes to `out` until it holds `limit`: whether the archive
+    /// is complete with them.
+    fn fill(&mut self, out: &mut Vec<u8>, limit: usize) -> Result<bool, String> {
         let mut lookups = 0;
         loop {
             if !self.pending.is_empty() {
-                let take = self.pending.len().min(buf.len() - filled);
-                buf[filled..filled + take].copy_from_slice(&self.pending[..take]);
+                let take = self.pending.len().min(limit - out.len());
+                out.extend_from_slice(&self.pending[..take]);
                 self.pending.drain(..take);
-                filled += take;
-                if filled == buf.len() {
-                    return Ok((filled, self.ended && self.pending.is_empty()));
+                if out.len() == limit {
+                    return Ok(self.ended && self.pending.is_empty());
                 }
             }
             if let Some(body) = &mut self.body {
                 let left = body.size - body.offset;
                 if left > 0 {
-                    let room = buf.len() - filled;
+                    let room = limit - out.len();
                     let take = usize::try_from(left).map_or(room, |left| left.min(room));
-                    let into = &mut buf[filled..filled + take];
-                    gzip::read_exact_at(&body.file, into, body.offset).map_err(|e| match e {
-                        gzip::ReadError::Shrank(at) => format!(
-                            "'{}' shrank to {} bytes while it was sent (it had {} when opened)",
-                            String::from_utf8_lossy(&body.path),
-                            body.file.metadata().map_or(at, |m| m.len()),
-                            body.size
-                        ),
-                        gzip::ReadError::Io(e) => {
-                            format!("reading '{}': {e}", String::from_utf8_lossy(&body.path))
+                    match crate::sys::pread::append_at(&body.file, out, take, body.offset) {
+                        Ok(0) => {
+                            return Err(format!(
+                                "'{}' shrank to {} bytes while it was sent (it had {} when opened)",
+                                String::from_utf8_lossy(&self.path),
+                                body.file.metadata().map_or(body.offset, |m| m.len()),
+                                body.size
+                            ))
                         }
-                    })?;
-                    body.offset += take as u64;
-                    filled += take;
-                    if filled == buf.len() {
-                        return Ok((filled, false));
+                        Ok(read) => body.offset += read as u64,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "reading '{}': {e}",
+                                String::from_utf8_lossy(&self.path)
+                            ))
+                        }
+                    }
+                    if out.len() == limit {
+                        return Ok(false);
                     }
                     continue;
                 }
                 self.pending.resize(padding(body.size), 0);
+                self.path.truncate(body.dir_len);
                 self.body = None;
                 continue;
             }
             if self.ended {
-                return Ok((filled, true));
+                return Ok(true);
             }
             if lookups == LOOKUPS_PER_PIECE {
-                return Ok((filled, false));
+                return Ok(false);
             }
             lookups += 1;
             if !self.next_member().map_err(|e| e.to_string())? {
@@ -225,63 +229,62 @@ impl TarJob {
             self.path.truncate(level.path_len);
             return Ok(self.descent.current().is_some());
         };
-        let stat = match dir.stat_at(&name, false) {
+        let stat = match dir.stat_at(name, false) {
             Ok(stat) => stat,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-            Err(e) => return Err(entry_error(e, &self.path, &name)),
+            Err(e) => return Err(entry_error(e, &self.path, name)),
         };
         let path_len = self.path.len();
-        let mut path = self.path.clone();
-        path.extend_from_slice(name.as_bytes());
         match stat.kind() {
             libc::S_IFDIR => {
-                let sub = match dir.open_dir(&name, false) {
+                let sub = match dir.open_dir(name, false) {
                     Ok(sub) => sub,
                     Err(e) if swapped(&e) => return Ok(true),
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
+                self.path.extend_from_slice(name.as_bytes());
                 let stat = sub.stat()?;
-                let xattrs = attributes(&sub.own_proc_path());
-                self.header(&path, Kind::Dir, &stat, 0, b"", &xattrs);
+                // An `O_PATH` descriptor has no `flistxattr`: through /proc (directories are
+                // few beside their files).
+                let xattrs = attributes(user_metadata::read(&sub.own_proc_path()));
+                self.header(Kind::Dir, &stat, 0, b"", &xattrs);
                 self.make_room();
                 let names = SortedNames::new();
                 self.descent.push(sub, Level { names, path_len })?;
-                self.path = path;
                 self.path.push(b'/');
             }
             libc::S_IFREG => {
                 let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-                let file = match dir.open_file(&name, flags) {
+                let file = match dir.open_file(name, flags) {
                     Ok(file) => file,
                     Err(e) if swapped(&e) => return Ok(true),
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
                 let stat = crate::sys::dir::fstat(std::os::fd::AsFd::as_fd(&file))?;
                 if !stat.is_file() {
                     return Ok(true);
                 }
-                let proc = PathBuf::from(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&file)
-                ));
-                let xattrs = attributes(&proc);
-                self.header(&path, Kind::File, &stat, stat.size, b"", &xattrs);
+                self.path.extend_from_slice(name.as_bytes());
+                let xattrs = attributes(user_metadata::read_open(&file));
+                self.header(Kind::File, &stat, stat.size, b"", &xattrs);
                 self.body = Some(Body {
                     file,
                     size: stat.size,
                     offset: 0,
-                    path,
+                    dir_len: path_len,
                 });
             }
             libc::S_IFLNK => {
-                let target = match dir.read_link(&name) {
+                let target = match dir.read_link(name) {
                     Ok(target) => target,
                     Err(e) if swapped(&e) || e.raw_os_error() == Some(libc::EINVAL) => {
                         return Ok(true)
                     }
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
-                self.header(&path, Kind::Symlink, &stat, 0, &target, &[]);
+                self.path.extend_from_slice(name.as_bytes());
+                self.header(Kind::Symlink, &stat, 0, &target, &[]);
+                self.path.truncate(path_len);
             }
             // FIFOs, sockets, devices: not archived.
             _ => {}
@@ -302,9 +305,9 @@ impl TarJob {
         }
     }
 
+    /// Queues the header of the member the archive path names.
     fn header(
         &mut self,
-        path: &[u8],
         kind: Kind,
         stat: &Stat,
         size: u64,
@@ -312,7 +315,7 @@ impl TarJob {
         xattrs: &[(String, String)],
     ) {
         let member = Member {
-            path,
+            path: &self.path,
             kind,
             mode: stat.mode & 0o7777,
             uid: stat.uid,
@@ -328,13 +331,13 @@ impl TarJob {
         header::write(&member, &mut self.pending);
     }
 
-    /// Puts `piece` (the archive's next bytes) into `work.output` as the gzip form has it.
-    fn compress(&mut self, work: &mut Work, filled: usize, last: bool) -> Result<(), String> {
+    /// Compresses `work.piece` (the archive's next bytes) into `work.output` as the gzip form
+    /// has it.
+    fn compress(&mut self, work: &mut Work, last: bool) -> Result<(), String> {
         let Some(crc) = &mut self.crc else {
             return Ok(());
         };
-        let input = &work.input[..filled];
-        crc.update(input);
+        crc.update(&work.piece);
         work.output.clear();
         if !self.started {
             work.output.extend_from_slice(&HEADER);
@@ -346,13 +349,35 @@ impl TarJob {
             FlushCompress::Sync
         };
         work.compressor.reset();
-        gzip::deflate(&mut work.compressor, input, &mut work.output, flush)
+        gzip::deflate(&mut work.compressor, &work.piece, &mut work.output, flush)
             .map_err(|e| format!("compressing: {e}"))?;
         if last {
             work.output.extend_from_slice(&crc.sum().to_le_bytes());
             work.output.extend_from_slice(&crc.amount().to_le_bytes());
         }
         Ok(())
+    }
+
+    /// Makes the next piece into `work.piece` (for the plain form, in a buffer of the
+    /// stream's, which becomes its queue without a copy) and, for the gzip form, its output
+    /// into `work.output`. Whether it is the last.
+    fn make_piece(&mut self, work: &mut Work, sender: &StreamSender) -> Result<bool, String> {
+        let mut piece = if self.crc.is_some() {
+            std::mem::take(&mut work.piece)
+        } else {
+            sender.buffer()
+        };
+        piece.clear();
+        let identity = self.identity.clone();
+        let as_user = identity.as_ref().map(Identity::enter).transpose();
+        let result = match as_user {
+            Ok(_guard) => self.fill(&mut piece, PIECE),
+            Err(e) => Err(format!("acting as the user: {e}")),
+        };
+        work.piece = piece;
+        let last = result?;
+        self.compress(work, last)?;
+        Ok(last)
     }
 }
 
@@ -362,66 +387,75 @@ impl Produce for TarJob {
     }
 
     fn step(&mut self, work: &mut Work) -> Next {
-        let Some(sender) = &self.sender else {
+        let Some(sender) = self.sender.take() else {
             return Next::Done;
         };
         if !self.unsent.is_empty() {
-            match sender.send(&self.unsent) {
-                Ok(()) => self.unsent.clear(),
-                Err(SendError::Full) => return Next::Wait(self.unsent.len()),
-                Err(SendError::Closed) => return Next::Done,
+            match sender.send_owned(std::mem::take(&mut self.unsent)) {
+                Ok(()) => {}
+                Err((SendError::Full, back)) => {
+                    self.unsent = back;
+                    let wait = Next::Wait(self.unsent.len());
+                    self.sender = Some(sender);
+                    return wait;
+                }
+                Err((SendError::Closed, _)) => return Next::Done,
             }
         }
         if sender.is_closed() {
             return Next::Done;
         }
         if sender.queued() + ROOM > QUEUE {
+            self.sender = Some(sender);
             return Next::Wait(ROOM);
         }
-        let identity = self.identity.clone();
-        let as_user = identity.as_ref().map(Identity::enter).transpose();
-        let result = match as_user {
-            Ok(_guard) => {
-                let mut input = std::mem::take(&mut work.input);
-                let result = self.fill(&mut input[..PIECE]);
-                work.input = input;
-                result
-            }
-            Err(e) => Err(format!("acting as the user: {e}")),
-        };
-        let (filled, last) = match result {
-            Ok(done) => done,
+        let last = match self.make_piece(work, &sender) {
+            Ok(last) => last,
             Err(error) => {
+                self.sender = Some(sender);
                 self.cut(&error);
                 return Next::Done;
             }
         };
-        if let Err(error) = self.compress(work, filled, last) {
-            self.cut(&error);
-            return Next::Done;
-        }
-        let out: &[u8] = if self.crc.is_some() {
-            &work.output
-        } else {
-            &work.input[..filled]
-        };
-        let Some(sender) = self.sender.take() else {
-            return Next::Done;
+        // The gzip form's output is the thread's (copied into the queue); the plain form's
+        // piece is handed over.
+        let out = match self.crc {
+            Some(_) => Out::Copied(&work.output),
+            None => Out::Owned(std::mem::take(&mut work.piece)),
         };
         if last {
-            sender.finish_with(out);
+            sender.finish_with(out.bytes());
             return Next::Done;
         }
-        let next = match sender.send(out) {
+        let sent = match out {
+            Out::Copied(bytes) => sender.send(bytes).map_err(|error| (error, bytes.to_vec())),
+            Out::Owned(bytes) => sender.send_owned(bytes),
+        };
+        let next = match sent {
             Ok(()) => Next::More,
-            Err(SendError::Closed) => return Next::Done,
-            Err(SendError::Full) => {
-                self.unsent = out.to_vec();
+            Err((SendError::Closed, _)) => return Next::Done,
+            Err((SendError::Full, back)) => {
+                self.unsent = back;
                 Next::Wait(self.unsent.len())
             }
         };
         self.sender = Some(sender);
         next
+    }
+}
+
+/// A piece's bytes for the stream: the thread's buffer, or one handed over.
+enum Out<'a> {
+    Copied(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Out<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Out::Copied(bytes) => bytes,
+            Out::Owned(bytes) => bytes,
+        }
     }
 }
 
@@ -445,10 +479,9 @@ fn entry_error(e: io::Error, dir: &[u8], name: &OsStr) -> io::Error {
     )
 }
 
-/// The `user.e2b.*` attributes of the file the path names, as (full name, value).
-fn attributes(path: &std::path::Path) -> Vec<(String, String)> {
-    user_metadata::read(path)
-        .into_iter()
+/// `user.e2b.*` attributes as a member's header has them: (full name, value).
+fn attributes(read: std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    read.into_iter()
         .map(|(key, value)| (format!("{}{key}", user_metadata::PREFIX), value))
         .collect()
 }
