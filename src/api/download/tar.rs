@@ -53,6 +53,15 @@ use crate::sys::dir::{Dir, Stat};
 /// names) does not hold a thread for long.
 const LOOKUPS_PER_PIECE: usize = 4096;
 
+/// A piece of the plain (not compressed) form: larger than a compressed piece, as nothing is
+/// compressed in between; each piece costs a wake-up of the connection and one of the job, so
+/// a larger one halves them per GiB. It is the stream's own buffer, recycled, never copied.
+const PLAIN_PIECE: usize = 2 * PIECE;
+/// The plain form's queue: one piece, handed over whole (the job makes the next while the
+/// connection writes it), never two appended, which would grow an allocation past what a
+/// stream recycles.
+const PLAIN_QUEUE: usize = PLAIN_PIECE;
+
 /// The bytes of names one directory of the walk reads at a time ([`SortedNames`]): about 1,900
 /// names of 240 bytes, or 12,000 of 10 (a directory that fits is read once, as a listing was).
 const LEVEL_NAMES: usize = 512 * 1024;
@@ -71,7 +80,7 @@ pub fn start(
     owners: Arc<Owners>,
     slot: Slot,
 ) -> StreamSource {
-    let (sender, source) = stream::channel(QUEUE);
+    let (sender, source) = stream::channel(if compress { QUEUE } else { PLAIN_QUEUE });
     sender.on_release(move || drop(slot));
     let job = TarJob::new(top, shown, compress, identity, owners, sender);
     match job {
@@ -331,6 +340,13 @@ impl TarJob {
         header::write(&member, &mut self.pending);
     }
 
+    fn piece_size(&self) -> usize {
+        match self.crc {
+            Some(_) => PIECE,
+            None => PLAIN_PIECE,
+        }
+    }
+
     /// Compresses `work.piece` (the archive's next bytes) into `work.output` as the gzip form
     /// has it.
     fn compress(&mut self, work: &mut Work, last: bool) -> Result<(), String> {
@@ -368,10 +384,11 @@ impl TarJob {
             sender.buffer()
         };
         piece.clear();
+        piece.reserve_exact(self.piece_size());
         let identity = self.identity.clone();
         let as_user = identity.as_ref().map(Identity::enter).transpose();
         let result = match as_user {
-            Ok(_guard) => self.fill(&mut piece, PIECE),
+            Ok(_guard) => self.fill(&mut piece, self.piece_size()),
             Err(e) => Err(format!("acting as the user: {e}")),
         };
         work.piece = piece;
@@ -405,9 +422,13 @@ impl Produce for TarJob {
         if sender.is_closed() {
             return Next::Done;
         }
-        if sender.queued() + ROOM > QUEUE {
+        let (room, queue) = match self.crc {
+            Some(_) => (ROOM, QUEUE),
+            None => (PLAIN_PIECE, PLAIN_QUEUE),
+        };
+        if sender.queued() + room > queue {
             self.sender = Some(sender);
-            return Next::Wait(ROOM);
+            return Next::Wait(room);
         }
         let last = match self.make_piece(work, &sender) {
             Ok(last) => last,
