@@ -8,8 +8,8 @@
 //! the exits of processes whose outputs closed, tick the subscribers that asked, kill processes
 //! whose deadline passed, and tell the end of every finished process and drop it.
 //!
-//! An output just emptied rests for [`REST`] before it is polled again, so a fast writer's
-//! small writes travel as a few large events.
+//! An output just emptied by a small read rests for [`REST`] before it is polled again, so a
+//! fast writer's small writes travel as a few large events.
 //!
 //! A subscriber without room stops its process's output from being polled; its queue being
 //! taken (or its client leaving) signals the eventfd, and the next turn polls the output again.
@@ -28,11 +28,12 @@ use crate::sys::process as sysproc;
 
 /// Chunks read from one output per turn.
 const READS_PER_TURN: usize = 16;
-/// After a read that emptied an output, how long it is left alone: a process writing a stream
-/// of small pieces (a program's 4 or 8 KiB `write`s, faster than one event each can be sent)
-/// has them read together from its pipe a moment later, as a few large events, instead of one
-/// event, one wake-up of a worker and one socket write per piece. What a process prints after a
-/// pause is read at once; only output following other output within this time waits for it.
+/// After a read that emptied an output and got less than a chunk, how long it is left alone: a
+/// process writing a stream of small pieces (a program's 4 or 8 KiB `write`s, faster than one
+/// event each can be sent) has them read together from its pipe a moment later, as a few large
+/// events, instead of one event, one wake-up of a worker and one socket write per piece. What a
+/// process prints after a pause is read at once; only output following a small read within
+/// this time waits for it. A read of a whole chunk or more is not followed by a rest.
 const REST: Duration = Duration::from_millis(1);
 /// Output tells the port forwarder at most this often (`platform::forward::activity`).
 const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
@@ -191,7 +192,7 @@ fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
 /// Reads what one output holds, while its subscribers have room: each chunk as full as the
 /// descriptor allows now, so a fast writer's small writes travel as few large events.
 fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake) {
-    let mut read_any = false;
+    let mut read = 0;
     for _ in 0..READS_PER_TURN {
         if !all_ready(process, wake) {
             return;
@@ -204,13 +205,15 @@ fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake)
         };
         let (filled, after) = fill(&file, buf, kind, process.pid);
         if filled > 0 {
-            read_any = true;
+            read += filled;
             deliver(process, kind, &buf[..filled]);
         }
         match after {
             Filled::Full => {}
             Filled::Drained => {
-                if read_any {
+                // Only after a small read: a writer that filled a chunk before the pipe emptied
+                // is read as fast as it writes (a rest would cap it at a pipe per rest).
+                if read > 0 && read < super::CHUNK {
                     if let Some(output) = process.outputs.get_mut(index) {
                         output.rest_until = Some(Instant::now() + REST);
                     }
