@@ -34,45 +34,51 @@ fn octal_max(len: usize) -> u64 {
     (1u64 << (3 * (len - 1))) - 1
 }
 
-/// Appends the header blocks of `member` to `out`.
+/// Appends the header blocks of `member` to `out`. Nothing is allocated but `out`'s growth
+/// and no `core::fmt` runs: an archive of small files writes one header per few KiB.
 pub fn write(member: &Member<'_>, out: &mut Vec<u8>) {
-    let mut path = member.path.to_vec();
-    if member.kind == Kind::Dir {
-        path.push(b'/');
-    }
-    let mut records = Vec::new();
-    if path.len() > 100 {
-        record(&mut records, b"path", &path);
+    let slash: &[u8] = if member.kind == Kind::Dir { b"/" } else { b"" };
+    // The pax header's block, filled in once its records are written after it.
+    let start = out.len();
+    out.resize(start + BLOCK, 0);
+    if member.path.len() + slash.len() > 100 {
+        record(out, b"path", &[member.path, slash]);
     }
     if member.link.len() > 100 {
-        record(&mut records, b"linkpath", member.link);
+        record(out, b"linkpath", &[member.link]);
     }
     if member.size > octal_max(12) {
-        record(&mut records, b"size", member.size.to_string().as_bytes());
+        record(out, b"size", &[Text::unsigned(member.size).bytes()]);
     }
     for (key, id) in [(&b"uid"[..], member.uid), (b"gid", member.gid)] {
         if u64::from(id) > octal_max(8) {
-            record(&mut records, key, id.to_string().as_bytes());
+            record(out, key, &[Text::unsigned(u64::from(id)).bytes()]);
         }
     }
     let whole_seconds = member.mtime_nsec == 0;
     let fits = u64::try_from(member.mtime).is_ok_and(|t| t <= octal_max(12));
     if !whole_seconds || !fits {
-        record(&mut records, b"mtime", mtime_text(member).as_bytes());
+        record(out, b"mtime", &[mtime_text(member).bytes()]);
     }
     for (key, name) in [(&b"uname"[..], member.uname), (b"gname", member.gname)] {
         if name.len() > 32 {
-            record(&mut records, key, name.as_bytes());
+            record(out, key, &[name.as_bytes()]);
         }
     }
     for (name, value) in member.xattrs {
-        let key = [XATTR_RECORD, name.as_bytes()].concat();
-        record(&mut records, &key, value.as_bytes());
+        record(
+            out,
+            &[XATTR_RECORD, name.as_bytes()].concat(),
+            &[value.as_bytes()],
+        );
     }
-    if !records.is_empty() {
-        let len = records.len() as u64;
-        out.extend_from_slice(&block(b"././@PaxHeader", b'x', 0o644, len, member, b""));
-        out.extend_from_slice(&records);
+    let records = out.len() - start - BLOCK;
+    if records == 0 {
+        out.truncate(start);
+    } else {
+        let len = records as u64;
+        let pax = block(&[b"././@PaxHeader"], b'x', 0o644, len, member, b"");
+        out[start..start + BLOCK].copy_from_slice(&pax);
         out.resize(out.len() + super::padding(len), 0);
     }
     let flag = match member.kind {
@@ -87,14 +93,68 @@ pub fn write(member: &Member<'_>, out: &mut Vec<u8>) {
     } else {
         0
     };
+    let path = [member.path, slash];
     out.extend_from_slice(&block(&path, flag, member.mode, size, member, member.link));
+}
+
+/// A short text made on the stack: a number, a pax time.
+struct Text {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl Text {
+    fn new() -> Text {
+        Text {
+            buf: [0; 48],
+            len: 0,
+        }
+    }
+
+    fn unsigned(n: u64) -> Text {
+        let mut text = Text::new();
+        text.push_unsigned(n, 1);
+        text
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    /// `n` in decimal, with at least `width` digits (zeros in front).
+    fn push_unsigned(&mut self, n: u64, width: usize) {
+        let mut digits = [b'0'; 20];
+        let mut at = digits.len();
+        let mut rest = n;
+        while rest > 0 || at == digits.len() {
+            at -= 1;
+            digits[at] = b"0123456789"[usize::try_from(rest % 10).unwrap_or(0)];
+            rest /= 10;
+        }
+        let at = at.min(digits.len().saturating_sub(width));
+        self.push(&digits[at..]);
+    }
+
+    fn push_signed(&mut self, n: i64) {
+        if n < 0 {
+            self.push(b"-");
+        }
+        self.push_unsigned(n.unsigned_abs(), 1);
+    }
 }
 
 /// `<seconds>[.<nanoseconds>]`, as pax writes a time (a negative time's fraction counts
 /// towards zero: -1.5 is one and a half seconds before the epoch).
-fn mtime_text(member: &Member<'_>) -> String {
+fn mtime_text(member: &Member<'_>) -> Text {
+    let mut text = Text::new();
     if member.mtime_nsec == 0 {
-        return member.mtime.to_string();
+        text.push_signed(member.mtime);
+        return text;
     }
     let (secs, nsec) = if member.mtime < 0 {
         // -2 s + 0.5 s is -1.5 s.
@@ -102,33 +162,44 @@ fn mtime_text(member: &Member<'_>) -> String {
     } else {
         (member.mtime, member.mtime_nsec)
     };
-    let sign = if member.mtime < 0 && secs == 0 {
-        "-"
-    } else {
-        ""
-    };
-    let fraction = format!("{nsec:09}");
-    format!("{sign}{secs}.{}", fraction.trim_end_matches('0'))
+    if member.mtime < 0 && secs == 0 {
+        text.push(b"-");
+    }
+    text.push_signed(secs);
+    text.push(b".");
+    let mut fraction = u64::from(nsec);
+    let mut width = 9;
+    while fraction % 10 == 0 && width > 1 {
+        fraction /= 10;
+        width -= 1;
+    }
+    text.push_unsigned(fraction, width);
+    text
 }
 
-/// Appends one pax record, `<length> <key>=<value>\n`, the length counting itself.
-fn record(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
-    let rest = 1 + key.len() + 1 + value.len() + 1;
+/// Appends one pax record, `<length> <key>=<value>\n`, the length counting itself; the value
+/// is the concatenation of `value`'s parts.
+fn record(out: &mut Vec<u8>, key: &[u8], value: &[&[u8]]) {
+    let value_len: usize = value.iter().map(|part| part.len()).sum();
+    let rest = 1 + key.len() + 1 + value_len + 1;
+    let digits = |n: usize| Text::unsigned(n as u64).len;
     let mut len = rest + 1;
-    while len != rest + len.to_string().len() {
-        len = rest + len.to_string().len();
+    while len != rest + digits(len) {
+        len = rest + digits(len);
     }
-    out.extend_from_slice(len.to_string().as_bytes());
+    out.extend_from_slice(Text::unsigned(len as u64).bytes());
     out.push(b' ');
     out.extend_from_slice(key);
     out.push(b'=');
-    out.extend_from_slice(value);
+    for part in value {
+        out.extend_from_slice(part);
+    }
     out.push(b'\n');
 }
 
-/// One ustar header block.
+/// One ustar header block; the name is the concatenation of `path`'s parts.
 fn block(
-    path: &[u8],
+    path: &[&[u8]],
     flag: u8,
     mode: u32,
     size: u64,
@@ -136,7 +207,12 @@ fn block(
     link: &[u8],
 ) -> [u8; BLOCK] {
     let mut b = [0u8; BLOCK];
-    put(&mut b[0..100], path);
+    let mut at = 0;
+    for part in path {
+        let field = &mut b[at.min(100)..100];
+        put(field, part);
+        at += part.len();
+    }
     octal(&mut b[100..108], u64::from(mode & 0o7777));
     octal(&mut b[108..116], u64::from(member.uid));
     octal(&mut b[116..124], u64::from(member.gid));
@@ -164,13 +240,15 @@ fn put(field: &mut [u8], value: &[u8]) {
 /// fit (a pax record then carries it).
 fn octal(field: &mut [u8], value: u64) {
     let digits = field.len() - 1;
-    let value = if value > octal_max(field.len()) {
+    let mut rest = if value > octal_max(field.len()) {
         0
     } else {
         value
     };
-    let text = format!("{value:0digits$o}");
-    field[..digits].copy_from_slice(text.as_bytes());
+    for slot in field[..digits].iter_mut().rev() {
+        *slot = b"01234567"[usize::try_from(rest & 7).unwrap_or(0)];
+        rest >>= 3;
+    }
     field[digits] = 0;
 }
 
@@ -256,7 +334,7 @@ mod tests {
     fn a_record_length_counts_its_own_digits() {
         for value_len in [0, 1, 90, 91, 92, 993, 994, 995, 996] {
             let mut out = Vec::new();
-            record(&mut out, b"path", &vec![b'v'; value_len]);
+            record(&mut out, b"path", &[&vec![b'v'; value_len]]);
             let text = String::from_utf8(out.clone()).unwrap();
             let (len, _) = text.split_once(' ').unwrap();
             assert_eq!(len.parse::<usize>().unwrap(), out.len(), "{value_len}");
@@ -274,7 +352,7 @@ mod tests {
         ] {
             m.mtime = secs;
             m.mtime_nsec = nsec;
-            assert_eq!(mtime_text(&m), text);
+            assert_eq!(mtime_text(&m).bytes(), text.as_bytes());
         }
     }
 }

@@ -68,9 +68,17 @@ impl Stream {
     }
 
     /// Queues one message that `write` appends, in the stream's [`codec`](Self::codec), to
-    /// the buffer it is given: large messages are written straight into their envelope (in
-    /// buffers the thread keeps, so a busy producer allocates nothing per message).
+    /// the buffer it is given: messages are written straight into their envelope, in a
+    /// buffer the stream recycles (or, to be compressed, the thread keeps), so a busy producer
+    /// allocates nothing per message.
     pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), SendError> {
+        if !self.gzip {
+            // Written straight into a buffer of the stream's, which becomes its queue: the
+            // message is not copied again on its way to the connection.
+            let mut out = self.sender.buffer();
+            envelope::encode_into(&mut out, 0, write);
+            return self.sender.send_owned(out).map_err(|(error, _)| error);
+        }
         SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
             Ok(mut buffers) => {
                 let (message, envelope) = &mut *buffers;

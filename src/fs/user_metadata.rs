@@ -155,14 +155,28 @@ fn printable(what: &str, bytes: &[u8], of: Option<&str>) -> Result<String, Strin
 /// as envd reports them: best-effort (nothing when they cannot be read), and a key or value
 /// that is not UTF-8 is left out, so an attribute set by hand cannot break an answer.
 pub fn read(path: &Path) -> BTreeMap<String, String> {
-    let Ok(names) = sys::xattr::list_at(path) else {
+    pairs(sys::xattr::list_at(path), |name| {
+        sys::xattr::get_at(path, name)
+    })
+}
+
+/// [`read`] of an open file (no path to resolve again).
+pub fn read_open(file: &File) -> BTreeMap<String, String> {
+    pairs(sys::xattr::list(file), |name| sys::xattr::get(file, name))
+}
+
+fn pairs(
+    names: io::Result<Vec<Vec<u8>>>,
+    get: impl Fn(&[u8]) -> io::Result<Vec<u8>>,
+) -> BTreeMap<String, String> {
+    let Ok(names) = names else {
         return BTreeMap::new();
     };
     names
         .iter()
         .filter_map(|name| {
             let key = std::str::from_utf8(name.strip_prefix(PREFIX.as_bytes())?).ok()?;
-            let value = String::from_utf8(sys::xattr::get_at(path, name).ok()?).ok()?;
+            let value = String::from_utf8(get(name).ok()?).ok()?;
             Some((key.to_string(), value))
         })
         .collect()

@@ -334,6 +334,7 @@ fn adopt_process(
             outputs.push(Output {
                 kind,
                 file: Some(file),
+                rest_until: None,
             });
         }
     }

@@ -8,6 +8,9 @@
 //! the exits of processes whose outputs closed, tick the subscribers that asked, kill processes
 //! whose deadline passed, and tell the end of every finished process and drop it.
 //!
+//! An output just emptied by a small read rests for [`REST`] before it is polled again, so a
+//! fast writer's small writes travel as a few large events.
+//!
 //! A subscriber without room stops its process's output from being polled; its queue being
 //! taken (or its client leaving) signals the eventfd, and the next turn polls the output again.
 
@@ -25,6 +28,13 @@ use crate::sys::process as sysproc;
 
 /// Chunks read from one output per turn.
 const READS_PER_TURN: usize = 16;
+/// After a read that emptied an output and got less than a chunk, how long it is left alone: a
+/// process writing a stream of small pieces (a program's 4 or 8 KiB `write`s, faster than one
+/// event each can be sent) has them read together from its pipe a moment later, as a few large
+/// events, instead of one event, one wake-up of a worker and one socket write per piece. What a
+/// process prints after a pause is read at once; only output following a small read within
+/// this time waits for it. A read of a whole chunk or more is not followed by a rest.
+const REST: Duration = Duration::from_millis(1);
 /// Output tells the port forwarder at most this often (`platform::forward::activity`).
 const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 
@@ -73,31 +83,35 @@ pub(super) fn run(shared: &Shared) {
             last_activity = Some(Instant::now());
             crate::platform::forward::activity();
         }
-        let mut state = lock(shared);
-        let now = Instant::now();
-        if state.upgrading {
-            // The table is being handed over: what the poll found waits for the next image.
-            continue;
-        }
-        for (watch, _) in watched
-            .iter()
-            .zip(ready.iter().skip(1))
-            .filter(|(_, ready)| **ready)
-        {
-            let Some(process) = state.table.processes.get_mut(&watch.key) else {
-                continue;
-            };
-            match watch.slot {
-                // Held since the poll began (an upgrade that failed meanwhile): its output
-                // waits for its subscribers to come back.
-                Slot::Output(_) if process.held(now) => {}
-                Slot::Output(index) => read_output(process, index, &mut buf, &wake),
-                Slot::Input => write_input(process),
+        // The streams' connections are woken once this turn's reads are queued, each for one
+        // batch of all it got (`http::stream::batched`), after the lock is let go.
+        crate::http::stream::batched(|| {
+            let mut state = lock(shared);
+            let now = Instant::now();
+            if state.upgrading {
+                // The table is being handed over: what the poll found waits for the next image.
+                return;
             }
-        }
-        // Dropped under the lock: an input closed by a worker meanwhile really closes now.
-        drop(watched);
-        housekeeping(&mut state, Instant::now(), &wake, &mut buf);
+            for (watch, _) in watched
+                .iter()
+                .zip(ready.iter().skip(1))
+                .filter(|(_, ready)| **ready)
+            {
+                let Some(process) = state.table.processes.get_mut(&watch.key) else {
+                    continue;
+                };
+                match watch.slot {
+                    // Held since the poll began (an upgrade that failed meanwhile): its output
+                    // waits for its subscribers to come back.
+                    Slot::Output(_) if process.held(now) => {}
+                    Slot::Output(index) => read_output(process, index, &mut buf, &wake),
+                    Slot::Input => write_input(process),
+                }
+            }
+            // Dropped under the lock: an input closed by a worker meanwhile really closes now.
+            drop(watched);
+            housekeeping(&mut state, Instant::now(), &wake, &mut buf);
+        });
     }
 }
 
@@ -125,6 +139,10 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
             earliest(process.hold_until);
         } else if all_ready(process, wake) {
             for (index, output) in process.outputs.iter().enumerate() {
+                if let Some(at) = output.rest_until.filter(|at| *at > now) {
+                    earliest(Some(at));
+                    continue;
+                }
                 if let Some(file) = &output.file {
                     watched.push(Watched {
                         key: *key,
@@ -174,6 +192,7 @@ fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
 /// Reads what one output holds, while its subscribers have room: each chunk as full as the
 /// descriptor allows now, so a fast writer's small writes travel as few large events.
 fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake) {
+    let mut read = 0;
     for _ in 0..READS_PER_TURN {
         if !all_ready(process, wake) {
             return;
@@ -186,11 +205,21 @@ fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake)
         };
         let (filled, after) = fill(&file, buf, kind, process.pid);
         if filled > 0 {
+            read += filled;
             deliver(process, kind, &buf[..filled]);
         }
         match after {
             Filled::Full => {}
-            Filled::Drained => return,
+            Filled::Drained => {
+                // Only after a small read: a writer that filled a chunk before the pipe emptied
+                // is read as fast as it writes (a rest would cap it at a pipe per rest).
+                if read > 0 && read < super::CHUNK {
+                    if let Some(output) = process.outputs.get_mut(index) {
+                        output.rest_until = Some(Instant::now() + REST);
+                    }
+                }
+                return;
+            }
             Filled::End => return close_output(process, index),
         }
     }

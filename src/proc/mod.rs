@@ -224,6 +224,7 @@ impl Hub {
                 .map(|(kind, file)| Output {
                     kind,
                     file: Some(file),
+                    rest_until: None,
                 })
                 .collect(),
             input: spawned.input,

@@ -68,6 +68,8 @@ pub struct Output {
     pub kind: OutputKind,
     /// `None` once it reached end of file.
     pub file: Option<Arc<File>>,
+    /// After a read that emptied it, not polled again before this (see `io::REST`).
+    pub rest_until: Option<Instant>,
 }
 
 /// One live process.
@@ -374,6 +376,7 @@ mod tests {
         p.outputs.push(Output {
             kind: OutputKind::Stdout,
             file: Some(Arc::new(File::open("/dev/null").unwrap())),
+            rest_until: None,
         });
         assert!(!p.finished());
         p.exit = Some(Exit(WaitStatus::Exited(1)));

@@ -13,6 +13,8 @@ use crate::sys::process::WaitStatus;
 /// What a subscriber saw.
 #[derive(Default)]
 struct Seen {
+    /// Output events told.
+    events: usize,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     pty: Vec<u8>,
@@ -37,6 +39,7 @@ impl Subscriber for Collector {
     }
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
         let mut seen = self.seen.lock().unwrap();
+        seen.events += 1;
         match kind {
             OutputKind::Stdout => seen.stdout.extend_from_slice(bytes),
             OutputKind::Stderr => seen.stderr.extend_from_slice(bytes),
@@ -147,6 +150,36 @@ fn output_is_told_per_stream_then_the_exit() {
         panic!("the end is remembered");
     };
     assert_eq!((ended, exit), (pid, Exit(WaitStatus::Exited(3))));
+}
+
+#[test]
+fn a_stream_of_small_writes_is_told_as_a_few_large_events_and_output_after_a_pause_at_once() {
+    let hub = hub();
+    let watcher = Watcher::new();
+    // 4,000 writes of 10 bytes (a few µs apart), then a pause, then one more.
+    let script = "dd if=/dev/zero bs=10 count=4000 2>/dev/null; sleep 0.5; printf late; sleep 2";
+    let started = Instant::now();
+    hub.start(&spec("sh", &["-c", script]), None, |_| watcher.subscriber())
+        .unwrap();
+    watcher.until(|seen| seen.stdout.len() == 40_000);
+    let burst = Instant::now();
+    let events = watcher.seen.lock().unwrap().events;
+    // Read once per millisecond at most (`io::REST`), not once per write: the writes take
+    // milliseconds, not thousands of them.
+    let limit = 10 + 2 * burst.duration_since(started).as_millis();
+    assert!(
+        (events as u128) < limit.min(1000),
+        "{events} events for 4,000 writes in {:?}",
+        burst.duration_since(started)
+    );
+    // After the pause: at once, not held back.
+    watcher.until(|seen| seen.stdout.ends_with(b"late"));
+    let late = burst.elapsed();
+    assert!(
+        late < Duration::from_millis(1500),
+        "told {late:?} after the burst"
+    );
+    assert_eq!(watcher.seen.lock().unwrap().events, events + 1);
 }
 
 #[test]
@@ -319,6 +352,7 @@ fn listed_after_reap(
         outputs: vec![Output {
             kind: OutputKind::Stdout,
             file: Some(Arc::new(output)),
+            rest_until: None,
         }],
         input: None,
         pending_input: Default::default(),

@@ -358,6 +358,13 @@ impl Dir {
     /// [`DIRENT_BUFFER`] bytes (musl's `readdir` reads 2 KiB a call: eight entries of long
     /// names). Reads through a description of its own, from the start each time.
     pub fn each_name(&self, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+        self.each_entry(|name, _| each(name))
+    }
+
+    /// [`each_name`](Self::each_name) with each entry's type as the directory says it
+    /// (`DT_REG`, `DT_DIR`, ...; `DT_UNKNOWN` where the filesystem does not keep it), which
+    /// may be stale by the time the name is used.
+    pub fn each_entry(&self, mut each: impl FnMut(&[u8], u8)) -> io::Result<()> {
         let fd = self.openat(c".", READ_FLAGS, 0)?;
         let mut buf = vec![0u8; DIRENT_BUFFER];
         loop {
@@ -386,7 +393,7 @@ impl Dir {
                 let name = &records[DIRENT_NAME_AT..len];
                 let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
                 if name != b"." && name != b".." {
-                    each(name);
+                    each(name, records[18]);
                 }
                 records = &records[len..];
             }

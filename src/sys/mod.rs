@@ -21,6 +21,7 @@ pub mod mount;
 pub mod net;
 pub mod poll;
 pub mod power;
+pub mod pread;
 pub mod priority;
 pub mod process;
 pub mod pty;

@@ -1,4 +1,4 @@
-//! Extended attributes: of an open file when writing (`fsetxattr(2)`, `flistxattr(2)`,
+//! Extended attributes: of an open file (`fsetxattr(2)`, `flistxattr(2)`, `fgetxattr(2)`,
 //! `fremovexattr(2)`), of a path when reading an entry's (`listxattr(2)`, `getxattr(2)`).
 //!
 //! Written through a descriptor, never a path, so the attributes land on the very file being
@@ -100,6 +100,16 @@ pub fn get_at(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
     })
 }
 
+/// The value of attribute `name` of `file`.
+pub fn get(file: &File, name: &[u8]) -> io::Result<Vec<u8>> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    read_sized(|buf: &mut [u8]| {
+        // SAFETY: `name` is a NUL-terminated CString alive for the call; `buf` as in `list_at`;
+        // `file` keeps its descriptor open for the borrow.
+        unsafe { libc::fgetxattr(file.as_raw_fd(), name.as_ptr(), buf_ptr(buf), buf.len()) }
+    })
+}
+
 /// Runs a call that fills a buffer whose size it can tell: first with a buffer of
 /// [`FIRST_TRY`] bytes, which holds what most files have (nothing, or a few names), so one call
 /// does; when that is too small (`ERANGE`), asked for the size with an empty buffer, then with
@@ -179,7 +189,11 @@ mod tests {
                 b"user.sandboxd.test".to_vec()
             ]
         );
+        assert_eq!(get(&file, b"user.sandboxd.test").unwrap(), b"one");
+        assert_eq!(get(&file, b"user.sandboxd.empty").unwrap(), b"");
         remove(&file, "user.sandboxd.test").unwrap();
+        let err = get(&file, b"user.sandboxd.test").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENODATA));
         let err = remove(&file, "user.sandboxd.test").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENODATA));
         assert!(set(&file, "user.bad\0name", b"x").is_err());

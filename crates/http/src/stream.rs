@@ -13,6 +13,7 @@
 //! [`SendError::Closed`]. A producer that counts what its streams hold can learn when the
 //! connection lets go of one ([`on_release`](StreamSender::on_release)), finished or not.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,12 +23,53 @@ const RECYCLE_MAX: usize = 512 << 10;
 /// Wakes a connection parked while its producer had nothing. Called at most once.
 pub(crate) type Waker = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    /// The connections to wake once the [`batched`] call on this thread returns.
+    static DEFERRED: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
+}
+
+/// Runs `produce`, waking the connections its sends made ready only when it returns: a
+/// producer that queues several batches in one go (a process's output read while its pipe
+/// holds more) hands each connection one larger batch, for one wake-up of a worker, instead
+/// of a wake-up per batch. Nested calls join the outermost.
+pub fn batched<R>(produce: impl FnOnce() -> R) -> R {
+    let outermost = DEFERRED.with(|deferred| {
+        let mut deferred = deferred.borrow_mut();
+        let outermost = deferred.is_none();
+        deferred.get_or_insert_with(Vec::new);
+        outermost
+    });
+    let result = produce();
+    if outermost {
+        let wakers = DEFERRED.with(|deferred| deferred.borrow_mut().take());
+        for wake in wakers.into_iter().flatten() {
+            wake();
+        }
+    }
+    result
+}
+
+/// Wakes a connection now, or when the [`batched`] call under way on this thread returns.
+fn wake_or_defer(wake: Waker) {
+    let deferred = DEFERRED.with(|deferred| match deferred.borrow_mut().as_mut() {
+        Some(list) => {
+            list.push(wake);
+            None
+        }
+        None => Some(wake),
+    });
+    if let Some(wake) = deferred {
+        wake();
+    }
+}
+
 /// Makes a stream: the producer's end and the response body's end. `capacity`: the most bytes
 /// queued and not yet taken by the connection.
 pub fn channel(capacity: usize) -> (StreamSender, StreamSource) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             queued: Vec::new(),
+            spare: Vec::new(),
             capacity,
             end: End::Open,
             source_gone: false,
@@ -82,6 +124,10 @@ struct Shared {
 
 struct State {
     queued: Vec<u8>,
+    /// An empty allocation kept for the next batch (the queue's while the connection writes,
+    /// the producer's next buffer): a busy stream then cycles through two or three buffers
+    /// and allocates none, also when it idles between bursts. At most [`RECYCLE_MAX`] bytes.
+    spare: Vec<u8>,
     capacity: usize,
     end: End,
     /// The connection dropped its end: the client is gone.
@@ -131,7 +177,47 @@ impl StreamSender {
             state.waiter.take()
         };
         if let Some(wake) = waiter {
-            wake();
+            wake_or_defer(wake);
+        }
+        Ok(())
+    }
+
+    /// A buffer to write the next bytes into and queue with [`send_owned`](Self::send_owned):
+    /// an allocation the stream kept (empty) when it has one, so a busy producer neither
+    /// allocates nor copies.
+    pub fn buffer(&self) -> Vec<u8> {
+        let mut state = self.shared.lock();
+        // The empty queue's allocation if it is the larger: `send_owned` would put it aside.
+        if state.queued.is_empty() && state.queued.capacity() > state.spare.capacity() {
+            std::mem::take(&mut state.queued)
+        } else {
+            std::mem::take(&mut state.spare)
+        }
+    }
+
+    /// Queues `bytes` as [`send`](Self::send) does, taking the buffer: with nothing queued it
+    /// becomes the queue (no copy), else it is appended and kept for reuse. Refused, the bytes
+    /// come back with why.
+    pub fn send_owned(&self, bytes: Vec<u8>) -> Result<(), (SendError, Vec<u8>)> {
+        let waiter = {
+            let mut state = self.shared.lock();
+            if state.source_gone {
+                return Err((SendError::Closed, bytes));
+            }
+            if state.queued.len() + bytes.len() > state.capacity {
+                return Err((SendError::Full, bytes));
+            }
+            let emptied = if state.queued.is_empty() {
+                std::mem::replace(&mut state.queued, bytes)
+            } else {
+                state.queued.extend_from_slice(&bytes);
+                bytes
+            };
+            state.keep(emptied);
+            state.waiter.take()
+        };
+        if let Some(wake) = waiter {
+            wake_or_defer(wake);
         }
         Ok(())
     }
@@ -200,7 +286,8 @@ impl StreamSource {
     pub(crate) fn poll(&self, waker: impl FnOnce() -> Waker) -> Poll {
         let mut state = self.shared.lock();
         if !state.queued.is_empty() {
-            let data = std::mem::take(&mut state.queued);
+            let spare = std::mem::take(&mut state.spare);
+            let data = std::mem::replace(&mut state.queued, spare);
             let producer = state.producer_waiter.take();
             drop(state);
             if let Some(wake) = producer {
@@ -220,20 +307,33 @@ impl StreamSource {
 }
 
 impl StreamSource {
-    /// Gives back a buffer [`poll`](Self::poll) handed out, once its bytes were copied: it
-    /// becomes the queue again if the queue is still empty, so a busy stream reuses one
-    /// allocation instead of growing a new queue for every batch (an allocator may return
-    /// large blocks to the kernel on each free, and fault them in again on each use).
-    /// A buffer over [`RECYCLE_MAX`] is dropped instead: what a stream may keep is bounded,
-    /// also while it idles.
+    /// Gives back a buffer [`poll`](Self::poll) handed out, once its bytes were written: it
+    /// becomes the queue again if the queue is still empty, else the spare, so a busy stream
+    /// reuses its allocations instead of making new ones for every batch (musl's allocator
+    /// maps a block over 128 KiB afresh, and faults it in again, on each use).
     pub(crate) fn recycle(&self, mut buffer: Vec<u8>) {
         if buffer.capacity() > RECYCLE_MAX {
             return;
         }
+        buffer.clear();
         let mut state = self.shared.lock();
+        if state.source_gone {
+            return;
+        }
         if state.queued.is_empty() && buffer.capacity() > state.queued.capacity() {
-            buffer.clear();
-            state.queued = buffer;
+            buffer = std::mem::replace(&mut state.queued, buffer);
+        }
+        state.keep(buffer);
+    }
+}
+
+impl State {
+    /// Keeps `buffer` (empty) as the spare if it is larger than the one kept, and not over
+    /// [`RECYCLE_MAX`]: what a stream keeps is bounded.
+    fn keep(&mut self, mut buffer: Vec<u8>) {
+        buffer.clear();
+        if buffer.capacity() > self.spare.capacity() && buffer.capacity() <= RECYCLE_MAX {
+            self.spare = buffer;
         }
     }
 }
@@ -244,6 +344,7 @@ impl Drop for StreamSource {
             let mut state = self.shared.lock();
             state.source_gone = true;
             state.queued = Vec::new();
+            state.spare = Vec::new();
             state.waiter = None;
             (state.producer_waiter.take(), state.on_release.take())
         };
@@ -365,6 +466,91 @@ mod tests {
             panic!("data");
         };
         assert_eq!(kept, b"a");
+    }
+
+    #[test]
+    fn a_busy_stream_cycles_its_buffers_and_owned_sends_are_not_copied() {
+        let (sender, source) = channel(1 << 20);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let mut first = sender.buffer();
+        assert_eq!(first.capacity(), 0, "nothing kept yet");
+        first.extend_from_slice(&[1; 1000]);
+        let address = first.as_ptr();
+        sender.send_owned(first).unwrap();
+        let Poll::Data(taken) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(taken.as_ptr(), address, "the producer's buffer, not a copy");
+        // While the connection writes it, the producer queues more: appended to the queue,
+        // the buffer it came in is kept as the spare...
+        let mut second = sender.buffer();
+        second.extend_from_slice(&[2; 500]);
+        sender.send_owned(second).unwrap();
+        sender.send(&[3; 10]).unwrap();
+        // ...and the written batch, given back, is kept for the next one.
+        source.recycle(taken);
+        let Poll::Data(next) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(next.len(), 510);
+        assert_eq!((next[0], next[509]), (2, 3));
+        // In turn, as a producer and a connection at work: the producer writing a piece while
+        // the connection writes the last, each piece the size of the first. After the first
+        // turns, no new allocation: the same few buffers go round.
+        let mut writing = next;
+        let mut seen = std::collections::HashSet::new();
+        let mut made = 0;
+        for turn in 0..50 {
+            if turn == 4 {
+                made = crate::sys::counting::made();
+            }
+            let mut piece = sender.buffer();
+            piece.extend_from_slice(&[5; 1000]);
+            sender.send_owned(piece).unwrap();
+            source.recycle(writing);
+            let Poll::Data(taken) = source.poll(counting_waker(&wakes)) else {
+                panic!("data");
+            };
+            assert_eq!(taken.len(), 1000);
+            if turn >= 2 {
+                seen.insert(taken.as_ptr() as usize);
+            }
+            writing = taken;
+        }
+        assert!(seen.len() <= 3, "{} buffers", seen.len());
+        assert_eq!(
+            crate::sys::counting::made(),
+            made,
+            "allocations after the first turns"
+        );
+        // Refused bytes come back.
+        let (tiny, _tiny_source) = channel(4);
+        let Err((SendError::Full, back)) = tiny.send_owned(vec![9; 5]) else {
+            panic!("full");
+        };
+        assert_eq!(back, [9; 5]);
+    }
+
+    #[test]
+    fn batched_sends_wake_the_connection_once_when_the_batch_ends() {
+        let (sender, source) = channel(1 << 20);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
+        batched(|| {
+            sender.send(b"one").unwrap();
+            batched(|| sender.send_owned(b" two".to_vec()).unwrap());
+            sender.send(b" three").unwrap();
+            assert_eq!(wakes.load(Ordering::SeqCst), 0, "not before the batch ends");
+        });
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        let Poll::Data(all) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(all, b"one two three");
+        // Outside a batch: at once.
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
+        sender.send(b"x").unwrap();
+        assert_eq!(wakes.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -133,6 +133,27 @@ pub fn send(fd: RawFd, buf: &[u8], more: bool) -> io::Result<usize> {
     check_size(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
 }
 
+/// [`send`] of several buffers in one call (`sendmsg`), in order: a chunk's size line, its
+/// bytes and its CRLF go out without being copied together first.
+pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>], more: bool) -> io::Result<usize> {
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if more { libc::MSG_MORE } else { 0 };
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); only its iovec fields are set.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // `IoSlice` is ABI-compatible with `struct iovec` (std guarantees it on Unix); the kernel
+    // only reads through these pointers.
+    msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+    // `size_t` with glibc, `int` with musl.
+    #[allow(clippy::useless_conversion)]
+    {
+        msg.msg_iovlen = bufs
+            .len()
+            .try_into()
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    }
+    // SAFETY: `msg` points at `bufs.len()` live iovecs, each a readable slice for the call.
+    check_size(unsafe { libc::sendmsg(fd, &msg, flags) })
+}
+
 /// True when `fd` is ready now for any of `events` (`EPOLLIN`/`EPOLLOUT` bits) or has hung up.
 pub fn is_ready(fd: RawFd, events: u32) -> bool {
     let mut wanted: libc::c_short = 0;

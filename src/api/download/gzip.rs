@@ -194,6 +194,8 @@ pub(crate) struct Work {
     /// [`PIECE`] bytes.
     pub input: Vec<u8>,
     pub output: Vec<u8>,
+    /// A piece of an archive as it is made (the tar form), before it is compressed.
+    pub piece: Vec<u8>,
 }
 
 impl Work {
@@ -202,6 +204,7 @@ impl Work {
             compressor: Compress::new(Compression::new(LEVEL), false),
             input: vec![0; PIECE],
             output: Vec::with_capacity(ROOM),
+            piece: Vec::new(),
         }
     }
 }

@@ -3,19 +3,22 @@
 //!
 //! This module owns the archive's job: the walk down the tree, the member headers, the files'
 //! bytes, and the gzip form. It runs on the download threads (`gzip::Produce`): each step
-//! fills one piece of [`gzip::PIECE`] bytes, queues it (compressed first for the gzip form) and
+//! fills one piece (256 KiB; [`gzip::PIECE`] compressed for the gzip form), queues it and
 //! parks the job while the client has not taken the queue, so a slow client holds no thread
 //! and the job holds only its descriptors, its walk and its queue.
 //!
 //! The walk is `fs::walk`'s [`Descent`]: no recursion, directories opened by descriptor
-//! without following a symlink, each entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` and
-//! opened `O_NOFOLLOW`, so a link swapped in is never followed out of the tree. Names come in
+//! without following a symlink, each entry opened `O_NOFOLLOW` (and `O_NONBLOCK`, so a FIFO
+//! swapped in does not block) and checked with `fstat` once open, so a link swapped in is never
+//! followed out of the tree. A name the listing says is a file or a directory is opened as one
+//! at once; any other is looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` first (a symlink's
+//! header needs its own `stat`; `DT_UNKNOWN` where a filesystem does not say). Names come in
 //! byte order, so the same tree gives the same archive, a bounded batch at a time
 //! (`walk::SortedNames`: at most [`LEVEL_NAMES`] bytes a directory, [`ARCHIVE_NAMES`] an
 //! archive), so a parked archive of a directory of any width holds little. Members: directories (the top one is not a
 //! member: it is the destination's), regular files, symlinks as links; FIFOs, sockets and
-//! devices are skipped, and so is an entry that vanishes or changes kind between its `stat` and
-//! its opening. Hard links are sent as separate files. A member's header says its mode, owner
+//! devices are skipped, and so is an entry that vanishes or changes kind between the listing
+//! (or its `stat`) and its opening. Hard links are sent as separate files. A member's header says its mode, owner
 //! and group by id and name, mtime (with nanoseconds in a pax record) and its `user.e2b.*`
 //! attributes (pax `SCHILY.xattr.` records).
 //!
@@ -26,9 +29,10 @@
 //! archive with a torn member. A read error or an entry the daemon may not read cuts it too,
 //! and the log names the entry and why.
 //!
-//! Not zero-copy: the layer's streams carry bytes, so a file's data is read (`pread`) into the
-//! piece. A body made of byte runs and `sendfile` ranges would need a new kind of response
-//! body in the HTTP layer; docs/performance.md measures what the copy costs.
+//! One copy: a file's data is read (`pread`) straight into the piece, which for the plain form
+//! is the stream's own buffer and becomes its queue whole ([`piece`]); the kernel then copies
+//! it into the socket. A body made of byte runs and `sendfile` ranges would need a new kind of
+//! response body in the HTTP layer; docs/performance.md measures what the copy costs.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -37,21 +41,32 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flate2::{Crc, FlushCompress};
+use flate2::Crc;
 
-use super::gzip::{self, Next, Produce, Slot, Work, HEADER, PIECE, QUEUE, ROOM};
+use super::gzip::{self, Slot, PIECE, QUEUE};
 use crate::archive::header::{self, Member};
 use crate::archive::{padding, Kind, BLOCK};
 use crate::fs::as_user::Identity;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
 use crate::fs::walk::{Descent, SortedNames};
-use crate::http::stream::{self, SendError, StreamSender, StreamSource};
+use crate::http::stream::{self, StreamSender, StreamSource};
 use crate::sys::dir::{Dir, Stat};
+
+mod piece;
 
 /// Entries looked at in one piece at most: a directory of skipped entries (sockets, vanished
 /// names) does not hold a thread for long.
 const LOOKUPS_PER_PIECE: usize = 4096;
+
+/// A piece of the plain (not compressed) form: larger than a compressed piece, as nothing is
+/// compressed in between; each piece costs a wake-up of the connection and one of the job, so
+/// a larger one halves them per GiB. It is the stream's own buffer, recycled, never copied.
+const PLAIN_PIECE: usize = 2 * PIECE;
+/// The plain form's queue: one piece, handed over whole (the job makes the next while the
+/// connection writes it), never two appended, which would grow an allocation past what a
+/// stream recycles.
+const PLAIN_QUEUE: usize = PLAIN_PIECE;
 
 /// The bytes of names one directory of the walk reads at a time ([`SortedNames`]): about 1,900
 /// names of 240 bytes, or 12,000 of 10 (a directory that fits is read once, as a listing was).
@@ -71,7 +86,7 @@ pub fn start(
     owners: Arc<Owners>,
     slot: Slot,
 ) -> StreamSource {
-    let (sender, source) = stream::channel(QUEUE);
+    let (sender, source) = stream::channel(if compress { QUEUE } else { PLAIN_QUEUE });
     sender.on_release(move || drop(slot));
     let job = TarJob::new(top, shown, compress, identity, owners, sender);
     match job {
@@ -89,19 +104,20 @@ struct Level {
     path_len: usize,
 }
 
-/// The member whose data is being sent.
+/// The member whose data is being sent. Its name in the archive (for the log) is the
+/// archive path until its data is out; `dir_len` bytes of it are its directory's.
 struct Body {
     file: File,
     size: u64,
     offset: u64,
-    /// Its name in the archive (for the log).
-    path: Vec<u8>,
+    dir_len: usize,
 }
 
 struct TarJob {
     sender: Option<StreamSender>,
     descent: Descent<Level>,
-    /// The archive path of the current directory, ending with `/` (empty at the top).
+    /// The archive path of the current directory, ending with `/` (empty at the top); while a
+    /// file's data is sent, followed by the file's name.
     path: Vec<u8>,
     /// Header and padding bytes not yet put into a piece.
     pending: Vec<u8>,
@@ -156,54 +172,57 @@ impl TarJob {
         self.sender = None;
     }
 
-    /// Fills `buf` with the archive's next bytes: how many, and whether the archive is
-    /// complete with them.
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(usize, bool), String> {
-        let mut filled = 0;
+    /// Appends the archive's next bytes to `out` until it holds `limit`: whether the archive
+    /// is complete with them.
+    fn fill(&mut self, out: &mut Vec<u8>, limit: usize) -> Result<bool, String> {
         let mut lookups = 0;
         loop {
             if !self.pending.is_empty() {
-                let take = self.pending.len().min(buf.len() - filled);
-                buf[filled..filled + take].copy_from_slice(&self.pending[..take]);
+                let take = self.pending.len().min(limit - out.len());
+                out.extend_from_slice(&self.pending[..take]);
                 self.pending.drain(..take);
-                filled += take;
-                if filled == buf.len() {
-                    return Ok((filled, self.ended && self.pending.is_empty()));
+                if out.len() == limit {
+                    return Ok(self.ended && self.pending.is_empty());
                 }
             }
             if let Some(body) = &mut self.body {
                 let left = body.size - body.offset;
                 if left > 0 {
-                    let room = buf.len() - filled;
+                    let room = limit - out.len();
                     let take = usize::try_from(left).map_or(room, |left| left.min(room));
-                    let into = &mut buf[filled..filled + take];
-                    gzip::read_exact_at(&body.file, into, body.offset).map_err(|e| match e {
-                        gzip::ReadError::Shrank(at) => format!(
-                            "'{}' shrank to {} bytes while it was sent (it had {} when opened)",
-                            String::from_utf8_lossy(&body.path),
-                            body.file.metadata().map_or(at, |m| m.len()),
-                            body.size
-                        ),
-                        gzip::ReadError::Io(e) => {
-                            format!("reading '{}': {e}", String::from_utf8_lossy(&body.path))
+                    match crate::sys::pread::append_at(&body.file, out, take, body.offset) {
+                        Ok(0) => {
+                            return Err(format!(
+                                "'{}' shrank to {} bytes while it was sent (it had {} when opened)",
+                                String::from_utf8_lossy(&self.path),
+                                body.file.metadata().map_or(body.offset, |m| m.len()),
+                                body.size
+                            ))
                         }
-                    })?;
-                    body.offset += take as u64;
-                    filled += take;
-                    if filled == buf.len() {
-                        return Ok((filled, false));
+                        Ok(read) => body.offset += read as u64,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "reading '{}': {e}",
+                                String::from_utf8_lossy(&self.path)
+                            ))
+                        }
+                    }
+                    if out.len() == limit {
+                        return Ok(false);
                     }
                     continue;
                 }
                 self.pending.resize(padding(body.size), 0);
+                self.path.truncate(body.dir_len);
                 self.body = None;
                 continue;
             }
             if self.ended {
-                return Ok((filled, true));
+                return Ok(true);
             }
             if lookups == LOOKUPS_PER_PIECE {
-                return Ok((filled, false));
+                return Ok(false);
             }
             lookups += 1;
             if !self.next_member().map_err(|e| e.to_string())? {
@@ -220,68 +239,77 @@ impl TarJob {
             return Ok(false);
         };
         let next = level.names.next(dir, LEVEL_NAMES);
-        let Some(name) = next.map_err(|e| entry_error(e, &self.path, OsStr::new("")))? else {
+        let Some((name, listed)) = next.map_err(|e| entry_error(e, &self.path, OsStr::new("")))?
+        else {
             let level = self.descent.pop()?;
             self.path.truncate(level.path_len);
             return Ok(self.descent.current().is_some());
         };
-        let stat = match dir.stat_at(&name, false) {
-            Ok(stat) => stat,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
-            Err(e) => return Err(entry_error(e, &self.path, &name)),
+        // A file or a directory as the listing says is opened without a `stat` first: opening
+        // it finds what it is now (one system call of six per small file fewer).
+        let (kind, stat) = match listed {
+            libc::DT_REG => (libc::S_IFREG, None),
+            libc::DT_DIR => (libc::S_IFDIR, None),
+            _ => match dir.stat_at(name, false) {
+                Ok(stat) => (stat.kind(), Some(stat)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+                Err(e) => return Err(entry_error(e, &self.path, name)),
+            },
         };
         let path_len = self.path.len();
-        let mut path = self.path.clone();
-        path.extend_from_slice(name.as_bytes());
-        match stat.kind() {
+        match kind {
             libc::S_IFDIR => {
-                let sub = match dir.open_dir(&name, false) {
+                let sub = match dir.open_dir(name, false) {
                     Ok(sub) => sub,
                     Err(e) if swapped(&e) => return Ok(true),
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
+                self.path.extend_from_slice(name.as_bytes());
                 let stat = sub.stat()?;
-                let xattrs = attributes(&sub.own_proc_path());
-                self.header(&path, Kind::Dir, &stat, 0, b"", &xattrs);
+                // An `O_PATH` descriptor has no `flistxattr`: through /proc (directories are
+                // few beside their files).
+                let xattrs = attributes(user_metadata::read(&sub.own_proc_path()));
+                self.header(Kind::Dir, &stat, 0, b"", &xattrs);
                 self.make_room();
                 let names = SortedNames::new();
                 self.descent.push(sub, Level { names, path_len })?;
-                self.path = path;
                 self.path.push(b'/');
             }
             libc::S_IFREG => {
                 let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
-                let file = match dir.open_file(&name, flags) {
+                let file = match dir.open_file(name, flags) {
                     Ok(file) => file,
                     Err(e) if swapped(&e) => return Ok(true),
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
                 let stat = crate::sys::dir::fstat(std::os::fd::AsFd::as_fd(&file))?;
                 if !stat.is_file() {
                     return Ok(true);
                 }
-                let proc = PathBuf::from(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&file)
-                ));
-                let xattrs = attributes(&proc);
-                self.header(&path, Kind::File, &stat, stat.size, b"", &xattrs);
+                self.path.extend_from_slice(name.as_bytes());
+                let xattrs = attributes(user_metadata::read_open(&file));
+                self.header(Kind::File, &stat, stat.size, b"", &xattrs);
                 self.body = Some(Body {
                     file,
                     size: stat.size,
                     offset: 0,
-                    path,
+                    dir_len: path_len,
                 });
             }
             libc::S_IFLNK => {
-                let target = match dir.read_link(&name) {
+                let Some(stat) = stat else {
+                    return Ok(true);
+                };
+                let target = match dir.read_link(name) {
                     Ok(target) => target,
                     Err(e) if swapped(&e) || e.raw_os_error() == Some(libc::EINVAL) => {
                         return Ok(true)
                     }
-                    Err(e) => return Err(entry_error(e, &self.path, &name)),
+                    Err(e) => return Err(entry_error(e, &self.path, name)),
                 };
-                self.header(&path, Kind::Symlink, &stat, 0, &target, &[]);
+                self.path.extend_from_slice(name.as_bytes());
+                self.header(Kind::Symlink, &stat, 0, &target, &[]);
+                self.path.truncate(path_len);
             }
             // FIFOs, sockets, devices: not archived.
             _ => {}
@@ -302,9 +330,9 @@ impl TarJob {
         }
     }
 
+    /// Queues the header of the member the archive path names.
     fn header(
         &mut self,
-        path: &[u8],
         kind: Kind,
         stat: &Stat,
         size: u64,
@@ -312,7 +340,7 @@ impl TarJob {
         xattrs: &[(String, String)],
     ) {
         let member = Member {
-            path,
+            path: &self.path,
             kind,
             mode: stat.mode & 0o7777,
             uid: stat.uid,
@@ -326,102 +354,6 @@ impl TarJob {
             xattrs,
         };
         header::write(&member, &mut self.pending);
-    }
-
-    /// Puts `piece` (the archive's next bytes) into `work.output` as the gzip form has it.
-    fn compress(&mut self, work: &mut Work, filled: usize, last: bool) -> Result<(), String> {
-        let Some(crc) = &mut self.crc else {
-            return Ok(());
-        };
-        let input = &work.input[..filled];
-        crc.update(input);
-        work.output.clear();
-        if !self.started {
-            work.output.extend_from_slice(&HEADER);
-            self.started = true;
-        }
-        let flush = if last {
-            FlushCompress::Finish
-        } else {
-            FlushCompress::Sync
-        };
-        work.compressor.reset();
-        gzip::deflate(&mut work.compressor, input, &mut work.output, flush)
-            .map_err(|e| format!("compressing: {e}"))?;
-        if last {
-            work.output.extend_from_slice(&crc.sum().to_le_bytes());
-            work.output.extend_from_slice(&crc.amount().to_le_bytes());
-        }
-        Ok(())
-    }
-}
-
-impl Produce for TarJob {
-    fn sender(&self) -> Option<&StreamSender> {
-        self.sender.as_ref()
-    }
-
-    fn step(&mut self, work: &mut Work) -> Next {
-        let Some(sender) = &self.sender else {
-            return Next::Done;
-        };
-        if !self.unsent.is_empty() {
-            match sender.send(&self.unsent) {
-                Ok(()) => self.unsent.clear(),
-                Err(SendError::Full) => return Next::Wait(self.unsent.len()),
-                Err(SendError::Closed) => return Next::Done,
-            }
-        }
-        if sender.is_closed() {
-            return Next::Done;
-        }
-        if sender.queued() + ROOM > QUEUE {
-            return Next::Wait(ROOM);
-        }
-        let identity = self.identity.clone();
-        let as_user = identity.as_ref().map(Identity::enter).transpose();
-        let result = match as_user {
-            Ok(_guard) => {
-                let mut input = std::mem::take(&mut work.input);
-                let result = self.fill(&mut input[..PIECE]);
-                work.input = input;
-                result
-            }
-            Err(e) => Err(format!("acting as the user: {e}")),
-        };
-        let (filled, last) = match result {
-            Ok(done) => done,
-            Err(error) => {
-                self.cut(&error);
-                return Next::Done;
-            }
-        };
-        if let Err(error) = self.compress(work, filled, last) {
-            self.cut(&error);
-            return Next::Done;
-        }
-        let out: &[u8] = if self.crc.is_some() {
-            &work.output
-        } else {
-            &work.input[..filled]
-        };
-        let Some(sender) = self.sender.take() else {
-            return Next::Done;
-        };
-        if last {
-            sender.finish_with(out);
-            return Next::Done;
-        }
-        let next = match sender.send(out) {
-            Ok(()) => Next::More,
-            Err(SendError::Closed) => return Next::Done,
-            Err(SendError::Full) => {
-                self.unsent = out.to_vec();
-                Next::Wait(self.unsent.len())
-            }
-        };
-        self.sender = Some(sender);
-        next
     }
 }
 
@@ -445,10 +377,51 @@ fn entry_error(e: io::Error, dir: &[u8], name: &OsStr) -> io::Error {
     )
 }
 
-/// The `user.e2b.*` attributes of the file the path names, as (full name, value).
-fn attributes(path: &std::path::Path) -> Vec<(String, String)> {
-    user_metadata::read(path)
-        .into_iter()
+/// `user.e2b.*` attributes as a member's header has them: (full name, value).
+fn attributes(read: std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    read.into_iter()
         .map(|(key, value)| (format!("{}{key}", user_metadata::PREFIX), value))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn an_entry_swapped_after_the_listing_is_skipped_and_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = tmp.path().join("top");
+        std::fs::create_dir(&top).unwrap();
+        for name in ["f1", "f2", "f3"] {
+            std::fs::write(top.join(name), name).unwrap();
+        }
+        std::fs::write(tmp.path().join("secret"), b"outside the tree").unwrap();
+        let (sender, _source) = stream::channel(1 << 20);
+        let owners = Arc::new(Owners::load(Path::new("/nonexistent/passwd")));
+        let dir = Dir::open(&top).unwrap();
+        let mut job = TarJob::new(dir, top.clone(), false, None, owners, sender).unwrap();
+        // The first member: the directory is listed (all three as files) and f1 opened.
+        assert!(job.next_member().unwrap());
+        assert!(job.body.is_some());
+        job.body = None;
+        job.path.clear();
+        job.pending.clear();
+        // Swapped since the listing: f2 for a symlink out of the tree, f3 for a directory.
+        std::fs::remove_file(top.join("f2")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("secret"), top.join("f2")).unwrap();
+        std::fs::remove_file(top.join("f3")).unwrap();
+        std::fs::create_dir(top.join("f3")).unwrap();
+        assert!(job.next_member().unwrap());
+        assert!(job.next_member().unwrap());
+        // Neither became a member, and nothing was opened through the link.
+        assert!(job.body.is_none());
+        assert!(
+            job.pending.is_empty(),
+            "{:?}",
+            String::from_utf8_lossy(&job.pending)
+        );
+        assert!(!job.next_member().unwrap(), "the walk is over");
+    }
 }

@@ -4,7 +4,7 @@
 //! it comes.
 
 use super::after::After;
-use super::send::{Outgoing, Reply, Sending};
+use super::send::{Batch, Outgoing, Reply, Sending};
 use super::{log, Conn, Context, Exchange, Io, Phase, Step, Wait};
 use crate::deferred::{Deferred, Ready};
 use crate::handler::Handler;
@@ -105,6 +105,7 @@ impl Conn {
             ResponseBody::Stream(source) if send_body => Outgoing::Stream {
                 source,
                 chunked: framing == response::Framing::Chunked,
+                batch: Batch::default(),
             },
             _ => Outgoing::None,
         };

@@ -46,6 +46,13 @@ pub(crate) trait Io {
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// `more`: further bytes follow at once (a head before a file).
     fn send(&mut self, buf: &[u8], more: bool) -> io::Result<usize>;
+    /// `send` of several buffers, in order, as far as the peer takes them.
+    fn send_vectored(&mut self, bufs: &[io::IoSlice<'_>], more: bool) -> io::Result<usize> {
+        match bufs.iter().find(|buf| !buf.is_empty()) {
+            Some(buf) => self.send(buf, more),
+            None => Ok(0),
+        }
+    }
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize>;
     fn shutdown_write(&mut self);
     /// True when the peer hung up (or the socket failed), found without reading.

@@ -36,8 +36,75 @@ pub(super) struct Sending {
 
 pub(super) enum Outgoing {
     None,
-    File { file: File, offset: u64, end: u64 },
-    Stream { source: StreamSource, chunked: bool },
+    File {
+        file: File,
+        offset: u64,
+        end: u64,
+    },
+    Stream {
+        source: StreamSource,
+        chunked: bool,
+        batch: Batch,
+    },
+}
+
+/// The bytes taken from a stream at once, being written: framed as a chunk (its size line
+/// before, CRLF after) by a vectored send rather than copied into one buffer, and handed back
+/// to the stream once out ([`StreamSource::recycle`]).
+#[derive(Default)]
+pub(super) struct Batch {
+    /// The chunk's size line (`<hex>\r\n`), empty when not chunked.
+    size_line: ([u8; 18], usize),
+    bytes: Vec<u8>,
+    /// The chunk's CRLF, empty when not chunked.
+    tail: &'static [u8],
+    /// Bytes of the three written so far.
+    sent: usize,
+}
+
+impl Batch {
+    fn new(bytes: Vec<u8>, chunked: bool) -> Batch {
+        let mut size_line = ([0u8; 18], 0);
+        if chunked {
+            size_line.1 = hex_line(bytes.len(), &mut size_line.0);
+        }
+        Batch {
+            size_line,
+            bytes,
+            tail: if chunked { b"\r\n" } else { b"" },
+            sent: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.size_line.1 + self.bytes.len() + self.tail.len()
+    }
+
+    /// What is left to write, as at most three slices.
+    fn rest(&self) -> [io::IoSlice<'_>; 3] {
+        let parts = [
+            &self.size_line.0[..self.size_line.1],
+            &self.bytes,
+            self.tail,
+        ];
+        let mut skip = self.sent;
+        parts.map(|part| {
+            let from = skip.min(part.len());
+            skip -= from;
+            io::IoSlice::new(&part[from..])
+        })
+    }
+}
+
+/// Writes `n` in hexadecimal followed by CRLF into `out` (a chunk's size line); its length.
+fn hex_line(n: usize, out: &mut [u8; 18]) -> usize {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (usize::BITS - (n | 1).leading_zeros()).div_ceil(4) as usize;
+    for (i, slot) in out[..digits].iter_mut().enumerate() {
+        *slot = DIGITS[(n >> (4 * (digits - 1 - i))) & 0xf];
+    }
+    out[digits..digits + 2].copy_from_slice(b"\r\n");
+    digits + 2
 }
 
 impl Conn {
@@ -91,25 +158,35 @@ impl Conn {
                         }
                     }
                 }
-                Outgoing::Stream { source, chunked } => {
-                    let chunked = *chunked;
+                Outgoing::Stream {
+                    source,
+                    chunked,
+                    batch,
+                } => {
+                    if batch.sent < batch.len() {
+                        match io.send_vectored(&batch.rest(), false) {
+                            Ok(n) => {
+                                batch.sent += n;
+                                sending.last_progress = cx.now;
+                            }
+                            Err(e) => {
+                                if let Some(step) = sending.blocked(e, cx) {
+                                    return self.send_stopped(step, cx);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    if batch.bytes.capacity() > 0 {
+                        // Written: its allocation goes back to the queue, which then does
+                        // not grow anew for every batch.
+                        source.recycle(std::mem::take(&mut batch.bytes));
+                    }
                     match source.poll(cx.waker) {
                         Poll::Data(bytes) => {
                             sending.body_bytes += bytes.len() as u64;
                             turn += bytes.len() as u64;
-                            if chunked {
-                                let _ = std::io::Write::write_fmt(
-                                    &mut sending.out,
-                                    format_args!("{:x}\r\n", bytes.len()),
-                                );
-                                sending.out.extend_from_slice(&bytes);
-                                sending.out.extend_from_slice(b"\r\n");
-                                // Copied: its allocation goes back to the queue, which then
-                                // does not grow anew for every batch.
-                                source.recycle(bytes);
-                            } else {
-                                sending.out = bytes;
-                            }
+                            *batch = Batch::new(bytes, *chunked);
                         }
                         // Woken by the peer leaving rather than by the producer: closed, so
                         // the producer learns it (`SendError::Closed`, `is_closed`) even while
@@ -117,10 +194,10 @@ impl Conn {
                         Poll::Pending if io.hung_up() => return self.send_stopped(Step::Close, cx),
                         Poll::Pending => return Step::Wait(Wait::Producer, None),
                         Poll::Finished => {
-                            sending.body = Outgoing::None;
-                            if chunked {
+                            if *chunked {
                                 sending.out.extend_from_slice(b"0\r\n\r\n");
                             }
+                            sending.body = Outgoing::None;
                         }
                         Poll::Aborted => return self.send_stopped(Step::Close, cx),
                     }
@@ -217,5 +294,46 @@ impl Sending {
             }
             _ => Some(Step::Close),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(n: usize) -> String {
+        let mut out = [0u8; 18];
+        let len = hex_line(n, &mut out);
+        String::from_utf8(out[..len].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn size_lines_are_lower_case_hex_without_leading_zeros() {
+        assert_eq!(line(0), "0\r\n");
+        assert_eq!(line(1), "1\r\n");
+        assert_eq!(line(15), "f\r\n");
+        assert_eq!(line(16), "10\r\n");
+        assert_eq!(line(65536 + 10), "1000a\r\n");
+        assert_eq!(line(usize::MAX), "ffffffffffffffff\r\n");
+    }
+
+    #[test]
+    fn a_batch_resumes_where_the_peer_stopped_taking() {
+        let mut batch = Batch::new(b"hello".to_vec(), true);
+        let joined =
+            |batch: &Batch| -> Vec<u8> { batch.rest().iter().flat_map(|s| s.to_vec()).collect() };
+        assert_eq!(joined(&batch), b"5\r\nhello\r\n");
+        assert_eq!(batch.len(), 10);
+        for (sent, rest) in [
+            (2, &b"\nhello\r\n"[..]),
+            (6, b"lo\r\n"),
+            (9, b"\n"),
+            (10, b""),
+        ] {
+            batch.sent = sent;
+            assert_eq!(joined(&batch), rest);
+        }
+        let plain = Batch::new(b"abc".to_vec(), false);
+        assert_eq!((joined(&plain), plain.len()), (b"abc".to_vec(), 3));
     }
 }

@@ -256,6 +256,12 @@ impl Io for SocketIo<'_> {
         sent
     }
 
+    fn send_vectored(&mut self, bufs: &[io::IoSlice<'_>], more: bool) -> io::Result<usize> {
+        let sent = sys::send_vectored(self.socket.as_raw_fd(), bufs, more);
+        self.note_write(&sent);
+        sent
+    }
+
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize> {
         let sent = sys::sendfile(self.socket.as_raw_fd(), file.as_raw_fd(), offset, count);
         self.note_write(&sent);
