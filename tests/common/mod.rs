@@ -6,6 +6,13 @@ pub mod cgroup;
 pub mod connect;
 pub mod image;
 pub mod mmds;
+mod mount;
+mod reply;
+mod rng;
+
+pub use mount::Mount;
+pub use reply::{answered_yet, read_reply, Reply};
+pub use rng::Rng;
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -193,46 +200,6 @@ pub fn start() -> Daemon {
     builder().start()
 }
 
-/// A parsed response.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
-    }
-    /// Asserts an SPEC §2 error: status, JSON content type, `code`, and the exact message.
-    pub fn assert_error(&self, status: u16, message: &str) {
-        assert_eq!(
-            self.status,
-            status,
-            "body: {}",
-            String::from_utf8_lossy(&self.body)
-        );
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/json; charset=utf-8")
-        );
-        let json = self.json();
-        assert_eq!(json["code"], status);
-        assert_eq!(json["message"], message);
-    }
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
 impl Daemon {
     pub fn home(&self) -> PathBuf {
         self.dir.path().join("home/user")
@@ -356,62 +323,6 @@ impl Drop for Daemon {
     }
 }
 
-/// Whether anything (an answer, or the end) has arrived on `stream`, without waiting for it.
-pub fn answered_yet(stream: &TcpStream) -> bool {
-    stream.set_nonblocking(true).unwrap();
-    let peeked = stream.peek(&mut [0u8; 1]);
-    stream.set_nonblocking(false).unwrap();
-    match peeked {
-        Ok(_) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-        Err(e) => panic!("peek: {e}"),
-    }
-}
-
-/// Reads one response from `reader`. `head_only`: the request was HEAD (no body follows).
-pub fn read_reply(reader: &mut impl BufRead, head_only: bool) -> Option<Reply> {
-    let mut status_line = String::new();
-    if reader.read_line(&mut status_line).ok()? == 0 {
-        return None;
-    }
-    let status: u16 = status_line.split(' ').nth(1)?.parse().ok()?;
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':')?;
-        headers.push((name.to_string(), value.trim().to_string()));
-    }
-    let mut reply = Reply {
-        status,
-        headers,
-        body: Vec::new(),
-    };
-    if status == 100 {
-        return Some(reply);
-    }
-    let no_body = head_only || status == 204 || status == 304;
-    match reply
-        .header("content-length")
-        .map(|v| v.parse::<usize>().unwrap())
-    {
-        _ if no_body => {}
-        Some(len) => {
-            reply.body.resize(len, 0);
-            std::io::Read::read_exact(reader, &mut reply.body).ok()?;
-        }
-        None => {
-            std::io::Read::read_to_end(reader, &mut reply.body).ok()?;
-        }
-    }
-    Some(reply)
-}
-
-/// Writes `contents` to `path`, creating parents.
 /// `/health` on a fresh connection answers 204 within `limit` (a daemon that stopped serving
 /// never answers: the read gives up after `limit` plus 5 s).
 pub fn assert_health_within(daemon: &Daemon, limit: Duration) {
@@ -432,6 +343,7 @@ pub fn assert_health_within(daemon: &Daemon, limit: Duration) {
     );
 }
 
+/// Writes `contents` to `path`, creating parents.
 pub fn write_file(path: &Path, contents: &[u8]) {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();
@@ -486,88 +398,6 @@ pub fn temporaries(dir: &Path) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.contains(".sandboxd-") && name.ends_with(".tmp"))
         .collect()
-}
-
-/// A mount made by a test, unmounted when dropped, even when the test fails.
-pub struct Mount(pub PathBuf);
-
-impl Mount {
-    pub fn tmpfs(at: &Path, size: &str) -> Mount {
-        fs::create_dir_all(at).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount tmpfs on {}", at.display());
-        Mount(at.to_path_buf())
-    }
-
-    /// `from` mounted again at `at` (`mount --bind`).
-    pub fn bind(from: &Path, at: &Path) -> Mount {
-        fs::create_dir_all(at).unwrap();
-        let status = Command::new("mount")
-            .arg("--bind")
-            .arg(from)
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount --bind on {}", at.display());
-        Mount(at.to_path_buf())
-    }
-
-    pub fn ramfs(at: &Path) -> Mount {
-        fs::create_dir_all(at).unwrap();
-        let status = Command::new("mount")
-            .args(["-t", "ramfs", "ramfs"])
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount ramfs on {}", at.display());
-        Mount(at.to_path_buf())
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
-/// A small xorshift generator for randomised tests; the seed comes from `seed_var` when set and
-/// is printed, so a failing run can be replayed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn from_env(seed_var: &str) -> Rng {
-        let seed = std::env::var(seed_var)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .ok()
-                    .and_then(|d| u64::try_from(d.as_nanos()).ok())
-                    .unwrap_or(1)
-                    | 1
-            });
-        eprintln!("{seed_var}={seed}");
-        Rng(seed)
-    }
-
-    /// A number below `n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
 }
 
 impl Daemon {
