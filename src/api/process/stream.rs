@@ -21,9 +21,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::messages::{write_data_event, Empty, EndEvent, Event, EventResponse, StartEvent};
+use super::messages::{
+    read_proto_data_event, write_data_event, Empty, EndEvent, Event, EventResponse, StartEvent,
+};
 use crate::api::rpc::LiveStream;
-use crate::connect::{Call, Code, Error};
+use crate::connect::{Call, Code, Codec, Error};
 use crate::http::Response;
 use crate::proc::{Abort, Exit, OutputKind, Subscriber, Wake, CHUNK};
 
@@ -89,8 +91,35 @@ impl Subscriber for ProcessStream {
     }
 
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
+        self.live.send_raw(|codec, out| {
+            write_data_event(codec, out, kind, bytes);
+            true
+        })
+    }
+
+    /// In protobuf, uncompressed: the output is read straight into the queue, where its event
+    /// is written around it (JSON's base64 and gzip need the bytes elsewhere first).
+    fn reads_output(&self) -> bool {
         self.live
-            .send_raw(|codec, out| write_data_event(codec, out, kind, bytes))
+            .stream()
+            .is_some_and(|stream| stream.codec() == Codec::Proto && !stream.compresses())
+    }
+
+    fn output_read(
+        &mut self,
+        kind: OutputKind,
+        read: &mut dyn FnMut(&mut Vec<u8>, usize) -> usize,
+    ) -> bool {
+        self.live.send_raw(|codec, out| match codec {
+            Codec::Proto => read_proto_data_event(out, kind, read),
+            Codec::Json => {
+                let mut bytes = Vec::new();
+                read(&mut bytes, CHUNK) > 0 && {
+                    write_data_event(codec, out, kind, &bytes);
+                    true
+                }
+            }
+        })
     }
 
     fn next_tick(&self) -> Option<Instant> {
