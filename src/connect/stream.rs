@@ -141,6 +141,11 @@ impl Stream {
         self.sender.queued()
     }
 
+    /// How many bytes more the queue takes now.
+    pub fn room(&self) -> usize {
+        self.sender.room()
+    }
+
     /// True once the client is gone.
     pub fn is_closed(&self) -> bool {
         self.sender.is_closed()

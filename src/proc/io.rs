@@ -176,8 +176,14 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
     (watched, next)
 }
 
-/// Whether every subscriber has room for a chunk (those without are asked to wake us).
+/// Whether every subscriber has room for a chunk, or a lone one that reads it itself for a
+/// read (those without are asked to wake us).
 fn all_ready(process: &mut Process, wake: &Wake) -> bool {
+    if let [only] = process.subscribers.as_mut_slice() {
+        if only.reads_output() {
+            return only.ready_to_read(wake);
+        }
+    }
     let mut ready = true;
     for subscriber in &mut process.subscribers {
         ready &= subscriber.ready(wake);

@@ -71,6 +71,11 @@ pub trait Subscriber: Send {
     fn reads_output(&self) -> bool {
         false
     }
+    /// As [`Subscriber::ready`], for a read by [`Subscriber::output_read`] (which may ask for
+    /// less than a chunk, as much as it has room for).
+    fn ready_to_read(&mut self, wake: &Wake) -> bool {
+        self.ready(wake)
+    }
     /// Output read straight into the subscriber's own buffer: `read` appends at most as many
     /// bytes as it is asked for (and at most [`CHUNK`]) to the buffer it is given and answers
     /// how many (0: none, and nothing is to be sent). Called at most once per chunk, as

@@ -283,6 +283,12 @@ impl StreamSender {
         self.shared.lock().queued.len()
     }
 
+    /// How many bytes more the queue takes now.
+    pub fn room(&self) -> usize {
+        let state = self.shared.lock();
+        state.capacity.saturating_sub(state.queued.len())
+    }
+
     /// Whether `bytes` more would fit in the queue now (or the client is gone, so a send would
     /// fail at once). If not, `wake` is kept and called once, when the connection takes the
     /// queued bytes or the client leaves, replacing any callback kept before.
@@ -458,9 +464,11 @@ mod tests {
     #[test]
     fn a_full_queue_and_a_gone_client_are_reported() {
         let (sender, source) = channel(4);
-        sender.send(b"1234").unwrap();
+        sender.send(b"1").unwrap();
+        assert_eq!(sender.room(), 3);
+        sender.send(b"234").unwrap();
         assert_eq!(sender.send(b"5"), Err(SendError::Full));
-        assert_eq!(sender.queued(), 4);
+        assert_eq!((sender.queued(), sender.room()), (4, 0));
         drop(source);
         assert!(sender.is_closed());
         assert_eq!(sender.send(b"5"), Err(SendError::Closed));

@@ -337,7 +337,7 @@ fn write_proto_data_event(out: &mut Vec<u8>, kind: OutputKind, bytes: &[u8]) {
 
 /// The longest header [`proto_data_header`] writes for output of up to [`CHUNK`] bytes: three
 /// keys of one byte and three lengths of at most three (each under 2^21).
-const PROTO_HEADER_MAX: usize = 12;
+pub const PROTO_HEADER_MAX: usize = 12;
 const _: () = assert!(CHUNK + 8 < 1 << 21);
 
 /// Appends the header of a protobuf data event of `len` bytes of output.
@@ -359,23 +359,25 @@ fn proto_data_header(out: &mut impl prost::bytes::BufMut, kind: OutputKind, len:
     encode_varint(len64(len), out);
 }
 
-/// Appends a protobuf data event whose output `read` appends to `out` (at most [`CHUNK`]
-/// bytes, as asked): the output is read straight into place, after room for the header, which
+/// Appends a protobuf data event whose output `read` appends to `out` (at most `max` bytes,
+/// and at most [`CHUNK`], as asked): the output is read straight into place, after room for the header, which
 /// is written before it once its length is known (the output moved back over the room left
 /// when the header is shorter, as for a read under 16 KiB). False, and nothing appended, when
 /// `read` read nothing.
 pub fn read_proto_data_event(
     out: &mut Vec<u8>,
     kind: OutputKind,
+    max: usize,
     read: impl FnOnce(&mut Vec<u8>, usize) -> usize,
 ) -> bool {
+    let max = max.min(CHUNK);
     let start = out.len();
     out.extend_from_slice(&[0; PROTO_HEADER_MAX]);
     let body = start + PROTO_HEADER_MAX;
-    read(out, CHUNK);
+    read(out, max);
     let len = out.len() - body;
-    if len == 0 || len > CHUNK {
-        // Nothing read (or, against `read`'s promise, more than a chunk: not sent).
+    if len == 0 || len > max {
+        // Nothing read (or, against `read`'s promise, more than asked: not sent).
         out.truncate(start);
         return false;
     }
@@ -642,11 +644,16 @@ mod tests {
                 let bytes: Vec<u8> = (0..=250u8).cycle().take(len).collect();
                 let mut read = b"queued".to_vec();
                 let mut asked = 0;
-                assert!(read_proto_data_event(&mut read, kind, |out, max| {
-                    asked = max;
-                    out.extend_from_slice(&bytes);
-                    len
-                }));
+                assert!(read_proto_data_event(
+                    &mut read,
+                    kind,
+                    usize::MAX,
+                    |out, max| {
+                        asked = max;
+                        out.extend_from_slice(&bytes);
+                        len
+                    }
+                ));
                 assert_eq!(asked, CHUNK);
                 let mut written = b"queued".to_vec();
                 write_data_event(Codec::Proto, &mut written, kind, &bytes);
@@ -658,8 +665,24 @@ mod tests {
         assert!(!read_proto_data_event(
             &mut out,
             OutputKind::Stdout,
+            CHUNK,
             |_, _| 0
         ));
         assert_eq!(out, b"queued");
+        // Asked for no more than the room given.
+        assert!(read_proto_data_event(
+            &mut out,
+            OutputKind::Stdout,
+            3,
+            |out, max| {
+                assert_eq!(max, 3);
+                out.extend_from_slice(b"abc");
+                3
+            }
+        ));
+        assert_eq!(
+            out,
+            [&b"queued\x0a\x07\x12\x05\x0a\x03"[..], b"abc"].concat()
+        );
     }
 }
