@@ -160,11 +160,12 @@ impl LiveStream {
     }
 
     /// Queues a message `write` writes, in the codec it is given, into its envelope (as
-    /// [`Stream::send_with`]); as [`send`](Self::send) otherwise.
-    pub fn send_raw(&mut self, write: impl FnOnce(Codec, &mut Vec<u8>)) -> bool {
+    /// [`Stream::send_some`]: answering false, it sends nothing); as [`send`](Self::send)
+    /// otherwise.
+    pub fn send_raw(&mut self, write: impl FnOnce(Codec, &mut Vec<u8>) -> bool) -> bool {
         self.send_with(|stream| {
             let codec = stream.codec();
-            stream.send_with(|out| write(codec, out))
+            stream.send_some(|out| write(codec, out))
         })
     }
 

@@ -25,11 +25,26 @@ pub fn encode(flags: u8, message: &[u8]) -> Vec<u8> {
 /// Replaces `out` with one envelope around the message `write` appends to it.
 pub fn encode_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>)) {
     out.clear();
+    append_into(out, flags, |out| {
+        write(out);
+        true
+    });
+}
+
+/// Appends an envelope to `out` after what it holds, its message written by `write`; when
+/// `write` answers false (nothing to send) the envelope is taken off again. Whether one was
+/// appended.
+pub fn append_into(out: &mut Vec<u8>, flags: u8, write: impl FnOnce(&mut Vec<u8>) -> bool) -> bool {
+    let start = out.len();
     out.extend_from_slice(&[flags, 0, 0, 0, 0]);
-    write(out);
+    if !write(out) {
+        out.truncate(start);
+        return false;
+    }
     // As in `encode`: a message past u32 cannot be framed at all.
-    let len = u32::try_from(out.len() - PREFIX).unwrap_or(u32::MAX);
-    out[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+    let len = u32::try_from(out.len() - start - PREFIX).unwrap_or(u32::MAX);
+    out[start + 1..start + PREFIX].copy_from_slice(&len.to_be_bytes());
+    true
 }
 
 /// The flags and length of the envelope at the start of `bytes`, once its prefix is complete:
@@ -97,6 +112,17 @@ mod tests {
         let mut written = b"old".to_vec();
         encode_into(&mut written, 0, |out| out.extend_from_slice(b"{\"a\":1}"));
         assert_eq!(written, encode(0, b"{\"a\":1}"));
+        // Appended after what the buffer holds; nothing left of one that had nothing to send.
+        let mut queue = b"old".to_vec();
+        assert!(append_into(&mut queue, 0, |out| {
+            out.extend_from_slice(b"{}");
+            true
+        }));
+        assert!(!append_into(&mut queue, 0, |out| {
+            out.extend_from_slice(b"partial");
+            false
+        }));
+        assert_eq!(queue, [&b"old"[..], &encode(0, b"{}")].concat());
     }
 
     #[test]

@@ -53,6 +53,11 @@ impl Stream {
         self.codec
     }
 
+    /// Whether its messages are compressed (when worth it).
+    pub fn compresses(&self) -> bool {
+        self.gzip
+    }
+
     /// Queues one message. `Full`: the client reads slower than the producer writes.
     pub fn send<T: Outgoing>(&self, message: &T) -> Result<(), SendError> {
         let mut failed = false;
@@ -68,16 +73,25 @@ impl Stream {
     }
 
     /// Queues one message that `write` appends, in the stream's [`codec`](Self::codec), to
-    /// the buffer it is given: messages are written straight into their envelope, in a
-    /// buffer the stream recycles (or, to be compressed, the thread keeps), so a busy producer
-    /// allocates nothing per message.
+    /// the buffer it is given: messages are written straight into their envelope, in the
+    /// stream's queue (or, to be compressed, a buffer the thread keeps), so a busy producer
+    /// neither allocates nor copies per message.
     pub fn send_with(&self, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), SendError> {
+        self.send_some(|out| {
+            write(out);
+            true
+        })
+    }
+
+    /// As [`send_with`](Self::send_with), but `write` may find it has nothing to send (a read
+    /// that finds nothing): it answers false and no message is queued.
+    pub fn send_some(&self, write: impl FnOnce(&mut Vec<u8>) -> bool) -> Result<(), SendError> {
         if !self.gzip {
-            // Written straight into a buffer of the stream's, which becomes its queue: the
-            // message is not copied again on its way to the connection.
-            let mut out = self.sender.buffer();
-            envelope::encode_into(&mut out, 0, write);
-            return self.sender.send_owned(out).map_err(|(error, _)| error);
+            // Straight into the queue: the message is not copied again on its way to the
+            // connection.
+            return self
+                .sender
+                .append(|queue| envelope::append_into(queue, 0, write));
         }
         SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
             Ok(mut buffers) => {
@@ -101,9 +115,12 @@ impl Stream {
         &self,
         message: &mut Vec<u8>,
         envelope: &mut Vec<u8>,
-        write: impl FnOnce(&mut Vec<u8>),
+        write: impl FnOnce(&mut Vec<u8>) -> bool,
     ) -> Result<(), SendError> {
-        envelope::encode_into(message, 0, write);
+        message.clear();
+        if !envelope::append_into(message, 0, write) {
+            return Ok(());
+        }
         if !self.gzip || message.len() - PREFIX < compression::MIN_BYTES {
             return self.sender.send(message);
         }
@@ -122,6 +139,11 @@ impl Stream {
     /// Bytes queued that the connection has not taken yet.
     pub fn queued(&self) -> usize {
         self.sender.queued()
+    }
+
+    /// How many bytes more the queue takes now.
+    pub fn room(&self) -> usize {
+        self.sender.room()
     }
 
     /// True once the client is gone.

@@ -15,7 +15,7 @@
 //! taken (or its client leaving) signals the eventfd, and the next turn polls the output again.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ struct Watched {
 
 pub(super) fn run(shared: &Shared) {
     let wake = Wake(Arc::clone(&shared.wake));
-    let mut buf = vec![0u8; super::CHUNK];
+    let mut buf = Vec::with_capacity(super::CHUNK);
     let mut last_activity: Option<Instant> = None;
     loop {
         let (watched, next) = plan(&mut lock(shared), &wake);
@@ -176,8 +176,14 @@ fn plan(state: &mut State, wake: &Wake) -> (Vec<Watched>, Option<Instant>) {
     (watched, next)
 }
 
-/// Whether every subscriber has room for a chunk (those without are asked to wake us).
+/// Whether every subscriber has room for a chunk, or a lone one that reads it itself for a
+/// read (those without are asked to wake us).
 fn all_ready(process: &mut Process, wake: &Wake) -> bool {
+    if let [only] = process.subscribers.as_mut_slice() {
+        if only.reads_output() {
+            return only.ready_to_read(wake);
+        }
+    }
     let mut ready = true;
     for subscriber in &mut process.subscribers {
         ready &= subscriber.ready(wake);
@@ -190,8 +196,10 @@ fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
 }
 
 /// Reads what one output holds, while its subscribers have room: each chunk as full as the
-/// descriptor allows now, so a fast writer's small writes travel as few large events.
-fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake) {
+/// descriptor allows now, so a fast writer's small writes travel as few large events. A lone
+/// subscriber that can takes each chunk read straight into its queue
+/// ([`Subscriber::output_read`]); otherwise it is read into `buf` and handed to each.
+fn read_output(process: &mut Process, index: usize, buf: &mut Vec<u8>, wake: &Wake) {
     let mut read = 0;
     for _ in 0..READS_PER_TURN {
         if !all_ready(process, wake) {
@@ -203,11 +211,27 @@ fn read_output(process: &mut Process, index: usize, buf: &mut [u8], wake: &Wake)
         let (kind, Some(file)) = (output.kind, output.file.clone()) else {
             return;
         };
-        let (filled, after) = fill(&file, buf, kind, process.pid);
-        if filled > 0 {
-            read += filled;
-            deliver(process, kind, &buf[..filled]);
+        let pid = process.pid;
+        let (mut filled, mut after) = (0, Filled::Full);
+        let mut read_chunk = |out: &mut Vec<u8>, max: usize| {
+            (filled, after) = fill(&file, out, max.min(super::CHUNK), kind, pid);
+            filled
+        };
+        match process.subscribers.as_mut_slice() {
+            [only] if only.reads_output() => {
+                if !only.output_read(kind, &mut read_chunk) {
+                    process.subscribers.clear();
+                }
+            }
+            _ => {
+                buf.clear();
+                read_chunk(buf, super::CHUNK);
+                if filled > 0 {
+                    deliver(process, kind, buf);
+                }
+            }
         }
+        read += filled;
         match after {
             Filled::Full => {}
             Filled::Drained => {
@@ -235,11 +259,12 @@ enum Filled {
     End,
 }
 
-/// Reads into `buf` until it is full, the descriptor has nothing more now, or it ends.
-fn fill(file: &File, buf: &mut [u8], kind: OutputKind, pid: u32) -> (usize, Filled) {
+/// Appends to `buf` what `file` holds, until `max` bytes were read, the descriptor has nothing
+/// more now, or it ends: how many, and why it stopped.
+fn fill(file: &File, buf: &mut Vec<u8>, max: usize, kind: OutputKind, pid: u32) -> (usize, Filled) {
     let mut filled = 0;
-    while let Some(free) = buf.get_mut(filled..).filter(|free| !free.is_empty()) {
-        match (&*file).read(free) {
+    while filled < max {
+        match crate::sys::pread::append(file, buf, max - filled) {
             Ok(0) => return (filled, Filled::End),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (filled, Filled::Drained),
@@ -295,7 +320,7 @@ fn write_input(process: &mut Process) {
 }
 
 /// Everything that is not reading or writing: exits, ticks, kills, ends, the shutdown.
-fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut [u8]) {
+fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut Vec<u8>) {
     let mut finished = Vec::new();
     for (key, process) in &mut state.table.processes {
         if let (None, Some((at, interval))) = (process.exit, process.reap_retry) {

@@ -67,6 +67,28 @@ pub trait Subscriber: Send {
     fn ready(&mut self, wake: &Wake) -> bool;
     /// Output, in order; false when the subscriber is done (it has ended its side itself).
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool;
+    /// Whether it takes output through [`Subscriber::output_read`] when it is alone.
+    fn reads_output(&self) -> bool {
+        false
+    }
+    /// As [`Subscriber::ready`], for a read by [`Subscriber::output_read`] (which may ask for
+    /// less than a chunk, as much as it has room for).
+    fn ready_to_read(&mut self, wake: &Wake) -> bool {
+        self.ready(wake)
+    }
+    /// Output read straight into the subscriber's own buffer: `read` appends at most as many
+    /// bytes as it is asked for (and at most [`CHUNK`]) to the buffer it is given and answers
+    /// how many (0: none, and nothing is to be sent). Called at most once per chunk, as
+    /// [`Subscriber::output`] otherwise.
+    fn output_read(
+        &mut self,
+        kind: OutputKind,
+        read: &mut dyn FnMut(&mut Vec<u8>, usize) -> usize,
+    ) -> bool {
+        let mut bytes = Vec::new();
+        let n = read(&mut bytes, CHUNK);
+        n == 0 || self.output(kind, &bytes)
+    }
     /// When it next wants [`Subscriber::tick`]; `None`: never.
     fn next_tick(&self) -> Option<Instant>;
     /// The moment asked for (or a later one) has come; false when done.

@@ -1,6 +1,7 @@
-//! `pread(2)` into a buffer's unused capacity: a producer that builds a piece of an answer in a
-//! `Vec` (a tar archive's members) reads a file's bytes straight after what the piece holds,
-//! without zeroing that room first or reading into a second buffer and copying.
+//! `pread(2)` and `read(2)` into a buffer's unused capacity: a producer that builds a piece of
+//! an answer in a `Vec` (a tar archive's members, a stream's queue of process output) reads a
+//! file's bytes straight after what the piece holds, without zeroing that room first or
+//! reading into a second buffer and copying.
 
 use std::fs::File;
 use std::io;
@@ -27,6 +28,21 @@ pub fn append_at(file: &File, buf: &mut Vec<u8>, len: usize, offset: u64) -> io:
     Ok(read)
 }
 
+/// Reads at most `len` bytes from `file` (a pipe, a terminal) and appends them to `buf` (its
+/// capacity grows if needed): how many, 0 at the end of file.
+pub fn append(file: &File, buf: &mut Vec<u8>, len: usize) -> io::Result<usize> {
+    buf.reserve(len);
+    let room = &mut buf.spare_capacity_mut()[..len];
+    // SAFETY: `room` is `len` bytes of `buf`'s allocation, writable and not aliased during the
+    // call; the kernel writes at most `len` bytes there.
+    let read = check_size(unsafe { libc::read(file.as_raw_fd(), room.as_mut_ptr().cast(), len) })?;
+    let filled = buf.len() + read.min(len);
+    // SAFETY: the kernel initialised the first `read` (at most `len`) bytes of the spare
+    // capacity, so `filled` bytes from the start are initialised and within the capacity.
+    unsafe { buf.set_len(filled) };
+    Ok(read)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +61,20 @@ mod tests {
         assert_eq!(append_at(&file, &mut buf, 100, 10).unwrap(), 0);
         assert_eq!(buf, b"head:345689");
         assert!(append_at(&file, &mut buf, 1, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn appends_what_a_pipe_holds_and_nothing_once_it_ends() {
+        let (read, mut write) = std::io::pipe().unwrap();
+        let read = File::from(std::os::fd::OwnedFd::from(read));
+        write.write_all(b"abcdef").unwrap();
+        let mut buf = b"x".to_vec();
+        assert_eq!(append(&read, &mut buf, 4).unwrap(), 4);
+        assert_eq!(buf, b"xabcd");
+        assert_eq!(append(&read, &mut buf, 100).unwrap(), 2);
+        assert_eq!(buf, b"xabcdef");
+        drop(write);
+        assert_eq!(append(&read, &mut buf, 100).unwrap(), 0);
+        assert_eq!(buf, b"xabcdef");
     }
 }

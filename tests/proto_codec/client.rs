@@ -123,6 +123,8 @@ pub struct Run {
     pub pty: Vec<u8>,
     /// Data events in the order they came.
     pub data_events: usize,
+    /// The most output bytes one data event carried.
+    pub largest_data: usize,
     pub end: Option<EndEvent>,
     /// The end-of-stream error, if any.
     pub error: Option<(String, String)>,
@@ -174,6 +176,11 @@ fn run_on(stream: &mut Stream, mut run: Run, limit: Duration) -> Run {
             _ if run.pid == 0 => panic!("the first event is not start: {event:?}"),
             Some(Event::Data(data)) => {
                 run.data_events += 1;
+                let len = match &data.output {
+                    Some(Output::Stdout(b) | Output::Stderr(b) | Output::Pty(b)) => b.len(),
+                    None => 0,
+                };
+                run.largest_data = run.largest_data.max(len);
                 match data.output {
                     Some(Output::Stdout(b)) => run.stdout.extend(b),
                     Some(Output::Stderr(b)) => run.stderr.extend(b),

@@ -1,7 +1,7 @@
 //! The orchestrator's flows (E2B's `envd_process.go` and `sandboxtools/command.go`), each
 //! sent as the fixture a foreign encoder wrote, answers decoded by the test's own messages: a
 //! template build step, the `_system` shell, a `Connect-Timeout-Ms` that kills, a terminal,
-//! and unary `Stat`/`ListDir`.
+//! unary `Stat`/`ListDir`, and megabytes of output (read straight into the stream's queue).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
@@ -12,7 +12,9 @@ use super::client::{
     self, answer, decode, fixture, next, next_within, open, run_after_start, run_to_end, started,
 };
 use super::messages::filesystem::{EntryResponse, FileType, ListDirResponse};
-use super::messages::process::{EndEvent, Event, EventResponse, ListResponse, Output};
+use super::messages::process::{
+    EndEvent, Event, EventResponse, ListResponse, Output, ProcessConfig, StartRequest,
+};
 use crate::common::connect::{Stream, AS_USER, WAIT};
 use crate::common::{root_or_skip, start, write_file, Daemon, USER_UID};
 
@@ -228,4 +230,48 @@ fn unary_stat_and_list_dir_in_proto() {
         .expect("an entry"),
         "ListDir's entry is Stat's"
     );
+}
+
+#[test]
+fn megabytes_of_output_arrive_whole_in_events_of_at_most_64_kib() {
+    let daemon = start();
+    // Large bursts (whole chunks), then small writes after pauses (reads under 16 KiB, whose
+    // event headers are shorter), on both outputs.
+    let script = "seq 1 400000; printf tail; seq 5 30000 >&2; sleep 0.05; printf x; \
+                  sleep 0.05; printf y >&2";
+    let request = StartRequest {
+        process: Some(ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut stream = open(
+        &daemon,
+        START,
+        &prost::Message::encode_to_vec(&request),
+        &[],
+    );
+    let run = run_to_end(&mut stream, WAIT);
+    assert_eq!(run.error, None, "{:?}", run.end);
+    let lines = |from: u32, to: u32| -> Vec<u8> {
+        (from..=to)
+            .flat_map(|n| format!("{n}\n").into_bytes())
+            .collect()
+    };
+    let stdout = [lines(1, 400_000), b"tailx".to_vec()].concat();
+    assert_eq!(run.stdout.len(), stdout.len());
+    assert!(run.stdout == stdout, "stdout differs");
+    assert!(
+        run.stderr == [lines(5, 30_000), b"y".to_vec()].concat(),
+        "stderr differs"
+    );
+    assert!(run.largest_data <= 64 << 10, "{} bytes", run.largest_data);
+    assert!(
+        run.data_events >= stdout.len() / (64 << 10),
+        "{} events",
+        run.data_events
+    );
+    assert_eq!(run.end, end(0, "exit status 0", None));
 }

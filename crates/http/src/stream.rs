@@ -222,6 +222,57 @@ impl StreamSender {
         Ok(())
     }
 
+    /// Appends to the queue in place: `write` is given the bytes queued and not yet taken (or,
+    /// with none, the stream's kept allocation) and appends one piece, or answers false when it
+    /// has nothing to send (what it appended is then dropped). The connection meanwhile finds
+    /// nothing queued and waits, so `write` may take its time (a `read(2)` straight into the
+    /// queue, neither copied afterwards nor read under the stream's lock). Refused as
+    /// [`send`](Self::send) refuses; a piece past the capacity is dropped (`Full`).
+    pub fn append(&self, write: impl FnOnce(&mut Vec<u8>) -> bool) -> Result<(), SendError> {
+        let mut queue = {
+            let mut state = self.shared.lock();
+            if state.source_gone {
+                return Err(SendError::Closed);
+            }
+            if state.queued.is_empty() && state.spare.capacity() > state.queued.capacity() {
+                std::mem::take(&mut state.spare)
+            } else {
+                std::mem::take(&mut state.queued)
+            }
+        };
+        let before = queue.len();
+        if !write(&mut queue) {
+            queue.truncate(before);
+        }
+        let appended = queue.len() > before;
+        let waiter = {
+            let mut state = self.shared.lock();
+            if state.source_gone {
+                return Err(SendError::Closed);
+            }
+            let full = queue.len() > state.capacity;
+            if full {
+                queue.truncate(before);
+            }
+            // Bytes another thread queued meanwhile came later: after ours.
+            let later = std::mem::replace(&mut state.queued, queue);
+            state.queued.extend_from_slice(&later);
+            state.keep(later);
+            if full {
+                return Err(SendError::Full);
+            }
+            if appended {
+                state.waiter.take()
+            } else {
+                None
+            }
+        };
+        if let Some(wake) = waiter {
+            wake_or_defer(wake);
+        }
+        Ok(())
+    }
+
     /// True once the client is gone.
     pub fn is_closed(&self) -> bool {
         self.shared.lock().source_gone
@@ -230,6 +281,12 @@ impl StreamSender {
     /// Bytes queued and not yet taken by the connection.
     pub fn queued(&self) -> usize {
         self.shared.lock().queued.len()
+    }
+
+    /// How many bytes more the queue takes now.
+    pub fn room(&self) -> usize {
+        let state = self.shared.lock();
+        state.capacity.saturating_sub(state.queued.len())
     }
 
     /// Whether `bytes` more would fit in the queue now (or the client is gone, so a send would
@@ -407,9 +464,11 @@ mod tests {
     #[test]
     fn a_full_queue_and_a_gone_client_are_reported() {
         let (sender, source) = channel(4);
-        sender.send(b"1234").unwrap();
+        sender.send(b"1").unwrap();
+        assert_eq!(sender.room(), 3);
+        sender.send(b"234").unwrap();
         assert_eq!(sender.send(b"5"), Err(SendError::Full));
-        assert_eq!(sender.queued(), 4);
+        assert_eq!((sender.queued(), sender.room()), (4, 0));
         drop(source);
         assert!(sender.is_closed());
         assert_eq!(sender.send(b"5"), Err(SendError::Closed));
@@ -529,6 +588,60 @@ mod tests {
             panic!("full");
         };
         assert_eq!(back, [9; 5]);
+    }
+
+    #[test]
+    fn appends_go_into_the_queue_in_place_and_nothing_is_queued_for_a_refused_piece() {
+        let (sender, source) = channel(16);
+        let wakes = Arc::new(AtomicUsize::new(0));
+        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
+        sender.send(b"ab").unwrap();
+        let mut address = 0;
+        sender
+            .append(|queue| {
+                assert_eq!(queue, b"ab", "the queue itself, not a copy");
+                address = queue.as_ptr() as usize;
+                queue.extend_from_slice(b"cd");
+                true
+            })
+            .unwrap();
+        // Nothing to send: neither bytes nor a wake-up.
+        sender
+            .append(|queue| {
+                queue.extend_from_slice(b"half");
+                false
+            })
+            .unwrap();
+        assert_eq!(
+            sender.append(|queue| {
+                queue.extend_from_slice(&[0; 13]);
+                true
+            }),
+            Err(SendError::Full)
+        );
+        assert_eq!(wakes.load(Ordering::SeqCst), 1);
+        let Poll::Data(taken) = source.poll(counting_waker(&wakes)) else {
+            panic!("data");
+        };
+        assert_eq!(
+            (&taken[..], taken.as_ptr() as usize),
+            (&b"abcd"[..], address)
+        );
+        // With nothing queued, the allocation given back is the one written into.
+        let capacity = taken.capacity();
+        source.recycle(taken);
+        sender
+            .append(|queue| {
+                assert_eq!((queue.len(), queue.capacity()), (0, capacity));
+                queue.push(b'e');
+                true
+            })
+            .unwrap();
+        drop(source);
+        assert_eq!(
+            sender.append(|_| unreachable!("gone")),
+            Err(SendError::Closed)
+        );
     }
 
     #[test]

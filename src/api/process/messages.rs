@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::connect::json::{self, integer};
 use crate::connect::{Codec, Error};
-use crate::proc::{Exit, OutputKind, Selector};
+use crate::proc::{Exit, OutputKind, Selector, CHUNK};
 use crate::proto_enum;
 
 /// `ProcessConfig`: what to run. Written back by `List` as it was sent.
@@ -330,23 +330,70 @@ fn write_json_data_event(out: &mut Vec<u8>, kind: OutputKind, bytes: &[u8]) {
 /// The three nested length-delimited fields, by `prost`'s encoding functions: event (1), data
 /// (2), then stdout (1), stderr (2) or pty (3).
 fn write_proto_data_event(out: &mut Vec<u8>, kind: OutputKind, bytes: &[u8]) {
+    out.reserve(PROTO_HEADER_MAX + bytes.len());
+    proto_data_header(out, kind, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+/// The longest header [`proto_data_header`] writes for output of up to [`CHUNK`] bytes: three
+/// keys of one byte and three lengths of at most three (each under 2^21).
+pub const PROTO_HEADER_MAX: usize = 12;
+const _: () = assert!(CHUNK + 8 < 1 << 21);
+
+/// Appends the header of a protobuf data event of `len` bytes of output.
+fn proto_data_header(out: &mut impl prost::bytes::BufMut, kind: OutputKind, len: usize) {
     use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
     let field = match kind {
         OutputKind::Stdout => 1,
         OutputKind::Stderr => 2,
         OutputKind::Pty => 3,
     };
-    let len = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-    let output = key_len(field) + encoded_len_varint(len(bytes.len())) + bytes.len();
-    let data = key_len(2) + encoded_len_varint(len(output)) + output;
-    out.reserve(key_len(1) + encoded_len_varint(len(data)) + data);
+    let len64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let output = key_len(field) + encoded_len_varint(len64(len)) + len;
+    let data = key_len(2) + encoded_len_varint(len64(output)) + output;
     encode_key(1, WireType::LengthDelimited, out);
-    encode_varint(len(data), out);
+    encode_varint(len64(data), out);
     encode_key(2, WireType::LengthDelimited, out);
-    encode_varint(len(output), out);
+    encode_varint(len64(output), out);
     encode_key(field, WireType::LengthDelimited, out);
-    encode_varint(len(bytes.len()), out);
-    out.extend_from_slice(bytes);
+    encode_varint(len64(len), out);
+}
+
+/// Appends a protobuf data event whose output `read` appends to `out` (at most `max` bytes,
+/// and at most [`CHUNK`], as asked): the output is read straight into place, after room for the header, which
+/// is written before it once its length is known (the output moved back over the room left
+/// when the header is shorter, as for a read under 16 KiB). False, and nothing appended, when
+/// `read` read nothing.
+pub fn read_proto_data_event(
+    out: &mut Vec<u8>,
+    kind: OutputKind,
+    max: usize,
+    read: impl FnOnce(&mut Vec<u8>, usize) -> usize,
+) -> bool {
+    let max = max.min(CHUNK);
+    let start = out.len();
+    out.extend_from_slice(&[0; PROTO_HEADER_MAX]);
+    let body = start + PROTO_HEADER_MAX;
+    read(out, max);
+    let len = out.len() - body;
+    if len == 0 || len > max {
+        // Nothing read (or, against `read`'s promise, more than asked: not sent).
+        out.truncate(start);
+        return false;
+    }
+    let mut header = [0u8; PROTO_HEADER_MAX];
+    let mut free = &mut header[..];
+    proto_data_header(&mut free, kind, len);
+    let header_len = PROTO_HEADER_MAX - free.len();
+    let at = start + header_len;
+    if at < body {
+        // Only for a short read (under 16 KiB): a whole chunk's header fills its room. (A
+        // move onto itself is not free: musl's memmove copies it byte by byte, backwards.)
+        out.copy_within(body.., at);
+        out.truncate(at + len);
+    }
+    out[start..at].copy_from_slice(&header[..header_len]);
+    true
 }
 
 /// `ProcessEvent.EndEvent`, as envd fills it from Go's `ProcessState`.
@@ -587,5 +634,55 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn data_events_read_into_place_are_the_bytes_written_directly() {
+        // Lengths on each side of a varint's change (128, 16,384), up to a whole chunk.
+        for len in [1, 127, 128, 16_375, 16_376, 16_383, 16_384, 60_000, CHUNK] {
+            for kind in [OutputKind::Stdout, OutputKind::Stderr, OutputKind::Pty] {
+                let bytes: Vec<u8> = (0..=250u8).cycle().take(len).collect();
+                let mut read = b"queued".to_vec();
+                let mut asked = 0;
+                assert!(read_proto_data_event(
+                    &mut read,
+                    kind,
+                    usize::MAX,
+                    |out, max| {
+                        asked = max;
+                        out.extend_from_slice(&bytes);
+                        len
+                    }
+                ));
+                assert_eq!(asked, CHUNK);
+                let mut written = b"queued".to_vec();
+                write_data_event(Codec::Proto, &mut written, kind, &bytes);
+                assert_eq!(read, written, "{len} bytes");
+            }
+        }
+        // Nothing read: nothing appended.
+        let mut out = b"queued".to_vec();
+        assert!(!read_proto_data_event(
+            &mut out,
+            OutputKind::Stdout,
+            CHUNK,
+            |_, _| 0
+        ));
+        assert_eq!(out, b"queued");
+        // Asked for no more than the room given.
+        assert!(read_proto_data_event(
+            &mut out,
+            OutputKind::Stdout,
+            3,
+            |out, max| {
+                assert_eq!(max, 3);
+                out.extend_from_slice(b"abc");
+                3
+            }
+        ));
+        assert_eq!(
+            out,
+            [&b"queued\x0a\x07\x12\x05\x0a\x03"[..], b"abc"].concat()
+        );
     }
 }

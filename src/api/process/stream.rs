@@ -21,9 +21,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::messages::{write_data_event, Empty, EndEvent, Event, EventResponse, StartEvent};
+use super::messages::{
+    read_proto_data_event, write_data_event, Empty, EndEvent, Event, EventResponse, StartEvent,
+    PROTO_HEADER_MAX,
+};
 use crate::api::rpc::LiveStream;
-use crate::connect::{Call, Code, Error};
+use crate::connect::envelope::PREFIX;
+use crate::connect::{Call, Code, Codec, Error};
 use crate::http::Response;
 use crate::proc::{Abort, Exit, OutputKind, Subscriber, Wake, CHUNK};
 
@@ -33,6 +37,10 @@ pub const QUEUE_BYTES: usize = 256 << 10;
 /// deflate's few bytes per block of stored data and its framing).
 const MAX_EVENT: usize = CHUNK.div_ceil(3) * 4 + 256;
 const _: () = assert!(MAX_EVENT < QUEUE_BYTES);
+/// A protobuf data event's framing: its envelope's prefix and its header.
+const PROTO_FRAMING: usize = PREFIX + PROTO_HEADER_MAX;
+/// The least room a read straight into the queue waits for.
+const MIN_READ: usize = 16 << 10;
 /// How long a client may take nothing while output waits for it.
 pub const STALL: Duration = Duration::from_secs(10);
 
@@ -72,14 +80,15 @@ impl ProcessStream {
     }
 }
 
-impl Subscriber for ProcessStream {
-    fn ready(&mut self, wake: &Wake) -> bool {
+impl ProcessStream {
+    /// Whether `bytes` more fit in the queue now; if not, `wake` is called once they may.
+    fn room_for(&mut self, bytes: usize, wake: &Wake) -> bool {
         let Some(stream) = self.live.stream() else {
             // Ended: the next output drops it.
             return true;
         };
         let wake = wake.clone();
-        if stream.wait_for_room(MAX_EVENT, move || wake.wake()) {
+        if stream.wait_for_room(bytes, move || wake.wake()) {
             self.blocked_since = None;
             true
         } else {
@@ -87,10 +96,51 @@ impl Subscriber for ProcessStream {
             false
         }
     }
+}
+
+impl Subscriber for ProcessStream {
+    fn ready(&mut self, wake: &Wake) -> bool {
+        self.room_for(MAX_EVENT, wake)
+    }
+
+    /// A read straight into the queue is as large as the room left (at most a chunk), so a
+    /// batch fills the queue: four events of 64 KiB, the last a little less, rather than three.
+    fn ready_to_read(&mut self, wake: &Wake) -> bool {
+        self.room_for(PROTO_FRAMING + MIN_READ, wake)
+    }
 
     fn output(&mut self, kind: OutputKind, bytes: &[u8]) -> bool {
+        self.live.send_raw(|codec, out| {
+            write_data_event(codec, out, kind, bytes);
+            true
+        })
+    }
+
+    /// In protobuf, uncompressed: the output is read straight into the queue, where its event
+    /// is written around it (JSON's base64 and gzip need the bytes elsewhere first).
+    fn reads_output(&self) -> bool {
         self.live
-            .send_raw(|codec, out| write_data_event(codec, out, kind, bytes))
+            .stream()
+            .is_some_and(|stream| stream.codec() == Codec::Proto && !stream.compresses())
+    }
+
+    fn output_read(
+        &mut self,
+        kind: OutputKind,
+        read: &mut dyn FnMut(&mut Vec<u8>, usize) -> usize,
+    ) -> bool {
+        let room = self.live.stream().map_or(0, |stream| stream.room());
+        let max = room.saturating_sub(PROTO_FRAMING).min(CHUNK);
+        self.live.send_raw(|codec, out| match codec {
+            Codec::Proto => read_proto_data_event(out, kind, max, read),
+            Codec::Json => {
+                let mut bytes = Vec::new();
+                read(&mut bytes, CHUNK) > 0 && {
+                    write_data_event(codec, out, kind, &bytes);
+                    true
+                }
+            }
+        })
     }
 
     fn next_tick(&self) -> Option<Instant> {
