@@ -94,17 +94,22 @@ impl<H: Handler> Shared<H> {
                 batch.extend(waited.drain(..).rev());
             }
             loop {
-                let next = lock(&self.batches[index]).pop();
+                let (next, left) = {
+                    let mut batch = lock(&self.batches[index]);
+                    (batch.pop(), !batch.is_empty())
+                };
                 let Some(token) = next else {
                     break;
                 };
-                self.run_one(index, token, &mut worker);
+                let holding = left || !worker.again.is_empty();
+                self.run_one(index, token, holding, &mut worker);
             }
         }
     }
 
-    fn run_one(&self, index: usize, token: u64, worker: &mut Worker) {
-        if self.pool.run_started(index) {
+    /// Runs one event, `holding` others (taken, not yet run).
+    fn run_one(&self, index: usize, token: u64, holding: bool, worker: &mut Worker) {
+        if self.pool.run_started(index, holding) {
             let _guard = lock(&self.timekeeper_lock);
             self.timekeeper.notify_all();
         }
