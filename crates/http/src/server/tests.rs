@@ -298,8 +298,32 @@ fn a_lone_download_with_a_waiting_worker_free_wakes_no_timekeeper() {
     assert_eq!(server.shared.pool.watched_runs.load(Ordering::SeqCst), 0);
 }
 
+#[test]
+fn a_short_send_into_a_full_socket_waits_for_room_without_another_call() {
+    let (addr, server) = start(2, 2, Files(file_of(FILE_BYTES)));
+    // A pause after each MiB read: the socket fills up over and over.
+    let mut socket = TcpStream::connect(addr).unwrap();
+    let mut body = vec![0u8; 1 << 20];
+    download_pausing(&mut socket, &mut body, Duration::from_millis(2));
+    // A short `sendfile` whose socket is full is the last until room is reported; before,
+    // every fill took one more call, refused.
+    assert_eq!(
+        server
+            .shared
+            .wakeups
+            .refused_sendfiles
+            .load(Ordering::SeqCst),
+        0
+    );
+}
+
 /// Asks for `/file` on `socket` and reads the answer, `body` at a time.
 fn download(socket: &mut TcpStream, body: &mut [u8]) {
+    download_pausing(socket, body, Duration::ZERO);
+}
+
+/// [`download`], pausing after each read.
+fn download_pausing(socket: &mut TcpStream, body: &mut [u8], pause: Duration) {
     socket
         .write_all(b"GET /file HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap();
@@ -310,6 +334,7 @@ fn download(socket: &mut TcpStream, body: &mut [u8]) {
         let n = socket.read(&mut body[..want]).unwrap();
         assert!(n > 0, "closed after {received} bytes");
         received += n;
+        thread::sleep(pause);
     }
 }
 
