@@ -9,11 +9,19 @@
 //! standby worker for each waiting one that has been in a single run longer than that. A
 //! worker that finishes finds more workers taking events than needed and goes back to standby.
 //!
-//! The timekeeper goes on looking while runs keep starting, and stops only after a whole look
-//! found none under way and none started since the look before; only then does the next run
-//! tell it (a futex wake). So a steady stream of short runs (a download's sends, one per
-//! drained socket buffer; keep-alive requests) wakes no other thread, and an isolated request
-//! costs the timekeeper what it did: one wake-up and one look.
+//! A stuck run matters only when no other worker is free to take the next event, or when the
+//! stuck worker holds events it took but has not run. So a run is watched only when it starts
+//! with that many runs under way (its own included: as many as `waiting`) or with events left
+//! in its worker's batch; a lone run with another waiting worker free (one download's sends,
+//! one per drained socket buffer) is not, and wakes no thread: before, the timekeeper looked
+//! every [`STUCK`] through a whole download. A watched run sees every run under way, the
+//! unwatched among them, as stuck or not.
+//!
+//! The timekeeper goes on looking while watched runs keep starting, and stops only after a
+//! whole look found none under way and none started since the look before; only then does the
+//! next watched run tell it (a futex wake). So a steady stream of short watched runs (keep-alive
+//! requests on every waiting worker) wakes no other thread, and an isolated one costs the
+//! timekeeper one wake-up and one look.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -23,6 +31,11 @@ use std::time::{Duration, Instant};
 /// Long enough that a fast transfer's turn (a few MiB) is not taken for one.
 pub(crate) const STUCK: Duration = Duration::from_micros(STUCK_MICROS);
 const STUCK_MICROS: u64 = 10_000;
+
+/// A run's flags in [`Pool::runs`], below its start.
+const UNDER_WAY: u64 = 1;
+const WATCHED: u64 = 2;
+const FLAGS: u32 = 2;
 
 /// Workers taking events (not standing by), and wake-ups granted to standby workers.
 struct Taking {
@@ -34,7 +47,7 @@ pub(crate) struct Pool {
     /// Workers meant to take events when none is stuck.
     waiting: usize,
     /// When each worker's latest run started, in microseconds since `epoch`, shifted left by
-    /// one; the low bit is set while that run is under way.
+    /// two; [`UNDER_WAY`] while that run is under way, [`WATCHED`] if it asked to be watched.
     runs: Vec<AtomicU64>,
     epoch: Instant,
     /// When the timekeeper last looked (`watch`), in microseconds since `epoch`.
@@ -45,6 +58,9 @@ pub(crate) struct Pool {
     standby: Condvar,
     /// Runs are under way, so the timekeeper looks every [`STUCK`].
     watching: AtomicBool,
+    /// Runs watched so far: a test's proof that a lone download is not.
+    #[cfg(test)]
+    pub(crate) watched_runs: AtomicU64,
 }
 
 impl Pool {
@@ -61,19 +77,36 @@ impl Pool {
             taking_now: AtomicUsize::new(workers),
             standby: Condvar::new(),
             watching: AtomicBool::new(false),
+            #[cfg(test)]
+            watched_runs: AtomicU64::new(0),
         }
     }
 
-    /// Worker `index` starts a run. True when the timekeeper must be told to watch.
-    pub(crate) fn run_started(&self, index: usize) -> bool {
-        self.runs[index].store((self.micros(Instant::now()) << 1) | 1, Ordering::SeqCst);
+    /// Worker `index` starts a run, `holding` events it took but has not run. True when the
+    /// timekeeper must be told to watch.
+    pub(crate) fn run_started(&self, index: usize, holding: bool) -> bool {
+        let run = (self.micros(Instant::now()) << FLAGS) | UNDER_WAY;
+        self.runs[index].store(run, Ordering::SeqCst);
+        // Two runs starting at once each see the other (both stores come before both loads):
+        // the later one is watched.
+        let under_way = self
+            .runs
+            .iter()
+            .filter(|run| run.load(Ordering::SeqCst) & UNDER_WAY != 0)
+            .count();
+        if !holding && under_way < self.waiting {
+            return false;
+        }
+        self.runs[index].store(run | WATCHED, Ordering::SeqCst);
+        #[cfg(test)]
+        self.watched_runs.fetch_add(1, Ordering::SeqCst);
         !self.watching.load(Ordering::SeqCst) && !self.watching.swap(true, Ordering::SeqCst)
     }
 
     pub(crate) fn run_ended(&self, index: usize) {
         let run = &self.runs[index];
         // Only this worker writes its entry: the start stays, for `watch`.
-        run.store(run.load(Ordering::Relaxed) & !1, Ordering::Release);
+        run.store(run.load(Ordering::Relaxed) & !UNDER_WAY, Ordering::Release);
     }
 
     /// Whether [`stand_by_if_spare`](Self::stand_by_if_spare) may stand by (a hint, read
@@ -103,7 +136,8 @@ impl Pool {
 
     /// The timekeeper's look while watching: a standby worker woken for each stuck one beyond
     /// what already replaced it. False once no run is under way and none started since the
-    /// look before (watching stops).
+    /// look before (watching stops). Every run under way counts as stuck or not, watched or
+    /// not.
     pub(crate) fn watch(&self, now: Instant) -> bool {
         let stuck = self.stuck(now);
         {
@@ -116,13 +150,13 @@ impl Pool {
             self.taking_now.store(taking.count, Ordering::Relaxed);
         }
         let before = self.last_look.swap(self.micros(now), Ordering::Relaxed);
-        if self.running() || self.started_since(before) {
+        if self.watched_running() || self.watched_since(before) {
             return true;
         }
-        // Stop, then look again: a run that started meanwhile either sees the flag down (and
-        // raises it) or is seen here.
+        // Stop, then look again: a watched run that started meanwhile either sees the flag down
+        // (and raises it) or is seen here.
         self.watching.store(false, Ordering::SeqCst);
-        if self.running() {
+        if self.watched_running() {
             self.watching.store(true, Ordering::SeqCst);
             return true;
         }
@@ -135,7 +169,7 @@ impl Pool {
         let limit = self.micros(now).saturating_sub(STUCK_MICROS);
         for (index, run) in self.runs.iter().enumerate() {
             let run = run.load(Ordering::Acquire);
-            if run & 1 == 1 && run >> 1 < limit {
+            if run & UNDER_WAY != 0 && run >> FLAGS < limit {
                 each(index);
             }
         }
@@ -145,17 +179,19 @@ impl Pool {
         self.watching.load(Ordering::SeqCst)
     }
 
-    fn running(&self) -> bool {
+    fn watched_running(&self) -> bool {
+        const BOTH: u64 = UNDER_WAY | WATCHED;
         self.runs
             .iter()
-            .any(|run| run.load(Ordering::SeqCst) & 1 == 1)
+            .any(|run| run.load(Ordering::SeqCst) & BOTH == BOTH)
     }
 
-    /// Whether a run started at or after `micros`.
-    fn started_since(&self, micros: u64) -> bool {
-        self.runs
-            .iter()
-            .any(|run| run.load(Ordering::Acquire) >> 1 >= micros)
+    /// Whether a watched run started at or after `micros`.
+    fn watched_since(&self, micros: u64) -> bool {
+        self.runs.iter().any(|run| {
+            let run = run.load(Ordering::Acquire);
+            run & WATCHED != 0 && run >> FLAGS >= micros
+        })
     }
 
     /// Workers whose current run started longer than [`STUCK`] ago.
@@ -212,10 +248,10 @@ mod tests {
         wait_for_taking(&pool, 1);
 
         assert!(
-            pool.run_started(0),
+            pool.run_started(0, false),
             "the first run asks the timekeeper to watch"
         );
-        assert!(!pool.run_started(0), "watching already");
+        assert!(!pool.run_started(0, false), "watching already");
         assert!(pool.watch(Instant::now()));
         assert!(
             spare.try_recv().is_err(),
@@ -244,9 +280,10 @@ mod tests {
 
     #[test]
     fn watching_goes_on_while_runs_keep_starting_and_stops_after_a_quiet_look() {
+        // Runs holding events: watched with a waiting worker free.
         let pool = Pool::new(2, 2);
         assert!(
-            pool.run_started(0),
+            pool.run_started(0, true),
             "the first run asks the timekeeper to watch"
         );
         pool.run_ended(0);
@@ -256,7 +293,7 @@ mod tests {
         );
         thread::sleep(Duration::from_millis(1));
         assert!(
-            !pool.run_started(1),
+            !pool.run_started(1, true),
             "still watching: the timekeeper is not told"
         );
         pool.run_ended(1);
@@ -272,9 +309,41 @@ mod tests {
         );
         assert!(!pool.is_watching());
         assert!(
-            pool.run_started(0),
+            pool.run_started(0, true),
             "the next run tells the timekeeper again"
         );
+    }
+
+    #[test]
+    fn a_lone_run_with_a_waiting_worker_free_is_not_watched_until_another_starts() {
+        let pool = Pool::new(8, 2);
+        assert!(
+            !pool.run_started(0, false),
+            "one run under way, another waiting worker free, no events held: not watched"
+        );
+        assert!(!pool.is_watching());
+        assert!(
+            pool.run_started(1, false),
+            "as many runs under way as waiting workers: the second is watched"
+        );
+        let later = Instant::now() + 5 * STUCK;
+        let mut stuck = Vec::new();
+        pool.each_stuck(later, |index| stuck.push(index));
+        assert_eq!(stuck, [0, 1], "the unwatched run counts as stuck too");
+        assert!(pool.watch(later));
+        assert_eq!(taking(&pool), 8, "every worker already takes events");
+
+        pool.run_ended(1);
+        assert!(
+            !pool.watch(later + STUCK),
+            "only the unwatched run is under way: watching stops"
+        );
+        pool.run_ended(0);
+        assert!(
+            pool.run_started(2, true),
+            "a lone run holding events it took is watched"
+        );
+        assert_eq!(pool.watched_runs.load(Ordering::SeqCst), 2);
     }
 
     #[test]

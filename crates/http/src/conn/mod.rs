@@ -59,6 +59,11 @@ pub(crate) trait Io {
     fn hung_up(&mut self) -> bool {
         false
     }
+    /// Asked after a short write: true when the socket has no room now, so that room will be
+    /// reported (an edge) and no further write is needed to learn it.
+    fn full(&mut self) -> bool {
+        false
+    }
     /// True when the last read found nothing more waiting, so the peer's next bytes will be
     /// reported: an idle connection may then be parked without a read that would say so.
     fn drained(&self) -> bool {

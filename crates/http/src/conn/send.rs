@@ -150,6 +150,14 @@ impl Conn {
                             sending.body_bytes += n as u64;
                             turn += n as u64;
                             sending.last_progress = cx.now;
+                            // Short: the socket filled up (or the file ended early, and the
+                            // next call says so). nginx waits for room at once; here only when
+                            // the socket says it is full, since a file that shrank leaves room
+                            // and would bring no edge.
+                            if n < count && io.full() {
+                                let deadline = cx.now + cx.limits.send_timeout;
+                                return Step::Wait(Wait::Write, Some(deadline));
+                            }
                         }
                         Err(e) => {
                             if let Some(step) = sending.blocked(e, cx) {

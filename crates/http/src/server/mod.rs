@@ -114,6 +114,8 @@ pub fn start<H: Handler>(
         pushed: AtomicU64::new(0),
         #[cfg(test)]
         kept: AtomicU64::new(0),
+        #[cfg(test)]
+        refused_sendfiles: AtomicU64::new(0),
     });
     epoll.add(listener.as_raw_fd(), LISTENER, WANT_IN)?;
     epoll.add(wakeups.fd.as_raw_fd(), WAKE, WANT_IN)?;

@@ -262,30 +262,14 @@ impl Handler for Files {
 
 #[test]
 fn a_long_file_send_wakes_no_other_worker_at_its_turns_ends() {
-    let mut file = tempfile();
-    let block = vec![7u8; 1 << 20];
-    for _ in 0..FILE_BYTES >> 20 {
-        file.write_all(&block).unwrap();
-    }
-    let (addr, server) = start(2, 2, Files(file));
+    let (addr, server) = start(2, 2, Files(file_of(FILE_BYTES)));
     let wakeups = &server.shared.wakeups;
     // On one connection, whose buffers grow, until some run ended its turn (sent a turn's
     // bytes without the socket filling up), which depends on how fast this side reads.
     let mut socket = TcpStream::connect(addr).unwrap();
     let mut body = vec![0u8; 4 << 20];
     for _ in 0..32 {
-        socket
-            .write_all(b"GET /file HTTP/1.1\r\nHost: t\r\n\r\n")
-            .unwrap();
-        read_answer(&mut socket);
-        let mut received = 0;
-        while received < FILE_BYTES {
-            let n = socket
-                .read(&mut body[..(FILE_BYTES - received).min(4 << 20)])
-                .unwrap();
-            assert!(n > 0, "closed after {received} bytes");
-            received += n;
-        }
+        download(&mut socket, &mut body);
         if wakeups.kept.load(Ordering::SeqCst) + wakeups.pushed.load(Ordering::SeqCst) > 0 {
             break;
         }
@@ -297,6 +281,71 @@ fn a_long_file_send_wakes_no_other_worker_at_its_turns_ends() {
     // Run again by its own worker; the wake-up queue (an eventfd write waking another worker)
     // is for other threads' work only.
     assert_eq!(wakeups.pushed.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_lone_download_with_a_waiting_worker_free_wakes_no_timekeeper() {
+    let (addr, server) = start(4, 2, Files(file_of(FILE_BYTES)));
+    // Slow reads, so that runs (and the first, before the socket's buffers grow) outlast the
+    // time that marks a worker stuck.
+    let mut socket = TcpStream::connect(addr).unwrap();
+    let mut body = vec![0u8; 64 << 10];
+    for _ in 0..2 {
+        download(&mut socket, &mut body);
+    }
+    // The other waiting worker was free throughout: no run was watched, so the timekeeper was
+    // never told to look (every `STUCK` while the download's runs kept starting before).
+    assert_eq!(server.shared.pool.watched_runs.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_short_send_into_a_full_socket_waits_for_room_without_another_call() {
+    let (addr, server) = start(2, 2, Files(file_of(FILE_BYTES)));
+    // A pause after each MiB read: the socket fills up over and over.
+    let mut socket = TcpStream::connect(addr).unwrap();
+    let mut body = vec![0u8; 1 << 20];
+    download_pausing(&mut socket, &mut body, Duration::from_millis(2));
+    // A short `sendfile` whose socket is full is the last until room is reported; before,
+    // every fill took one more call, refused.
+    assert_eq!(
+        server
+            .shared
+            .wakeups
+            .refused_sendfiles
+            .load(Ordering::SeqCst),
+        0
+    );
+}
+
+/// Asks for `/file` on `socket` and reads the answer, `body` at a time.
+fn download(socket: &mut TcpStream, body: &mut [u8]) {
+    download_pausing(socket, body, Duration::ZERO);
+}
+
+/// [`download`], pausing after each read.
+fn download_pausing(socket: &mut TcpStream, body: &mut [u8], pause: Duration) {
+    socket
+        .write_all(b"GET /file HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    read_answer(socket);
+    let mut received = 0;
+    while received < FILE_BYTES {
+        let want = (FILE_BYTES - received).min(body.len());
+        let n = socket.read(&mut body[..want]).unwrap();
+        assert!(n > 0, "closed after {received} bytes");
+        received += n;
+        thread::sleep(pause);
+    }
+}
+
+/// A file of `bytes` sevens.
+fn file_of(bytes: usize) -> File {
+    let mut file = tempfile();
+    let block = vec![7u8; 1 << 20];
+    for _ in 0..bytes >> 20 {
+        file.write_all(&block).unwrap();
+    }
+    file
 }
 
 /// An unnamed file in the temporary directory, removed when closed.

@@ -29,6 +29,10 @@ pub(super) struct Wakeups {
     pub(super) pushed: std::sync::atomic::AtomicU64,
     #[cfg(test)]
     pub(super) kept: std::sync::atomic::AtomicU64,
+    /// `sendfile` calls refused for want of room: a test's proof that a short one whose
+    /// socket is full is the last before the edge.
+    #[cfg(test)]
+    pub(super) refused_sendfiles: std::sync::atomic::AtomicU64,
 }
 
 impl Wakeups {

@@ -94,17 +94,22 @@ impl<H: Handler> Shared<H> {
                 batch.extend(waited.drain(..).rev());
             }
             loop {
-                let next = lock(&self.batches[index]).pop();
+                let (next, left) = {
+                    let mut batch = lock(&self.batches[index]);
+                    (batch.pop(), !batch.is_empty())
+                };
                 let Some(token) = next else {
                     break;
                 };
-                self.run_one(index, token, &mut worker);
+                let holding = left || !worker.again.is_empty();
+                self.run_one(index, token, holding, &mut worker);
             }
         }
     }
 
-    fn run_one(&self, index: usize, token: u64, worker: &mut Worker) {
-        if self.pool.run_started(index) {
+    /// Runs one event, `holding` others (taken, not yet run).
+    fn run_one(&self, index: usize, token: u64, holding: bool, worker: &mut Worker) {
+        if self.pool.run_started(index, holding) {
             let _guard = lock(&self.timekeeper_lock);
             self.timekeeper.notify_all();
         }
@@ -181,8 +186,15 @@ impl<H: Handler> Shared<H> {
                 socket: &connection.socket,
                 drained: false,
                 write_blocked: false,
+                #[cfg(test)]
+                refused: 0,
             };
-            let (wait, deadline) = match connection.conn.run(&mut io, &mut cx) {
+            let next = connection.conn.run(&mut io, &mut cx);
+            #[cfg(test)]
+            self.wakeups
+                .refused_sendfiles
+                .fetch_add(io.refused, Ordering::SeqCst);
+            let (wait, deadline) = match next {
                 Next::Close => {
                     lock(&self.slots).release(token);
                     return;
@@ -241,6 +253,9 @@ struct SocketIo<'a> {
     drained: bool,
     /// A write was refused for want of room, so room brings an edge.
     write_blocked: bool,
+    /// `sendfile` calls refused for want of room.
+    #[cfg(test)]
+    refused: u64,
 }
 
 impl Io for SocketIo<'_> {
@@ -265,11 +280,23 @@ impl Io for SocketIo<'_> {
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize> {
         let sent = sys::sendfile(self.socket.as_raw_fd(), file.as_raw_fd(), offset, count);
         self.note_write(&sent);
+        #[cfg(test)]
+        {
+            self.refused += u64::from(self.write_blocked);
+        }
         sent
     }
 
     fn hung_up(&mut self) -> bool {
         sys::is_ready(self.socket.as_raw_fd(), WANT_HANGUP)
+    }
+
+    fn full(&mut self) -> bool {
+        // A socket found not writable is marked to report room (`tcp_poll` sets `SOCK_NOSPACE`),
+        // so the edge comes.
+        let full = !sys::is_ready(self.socket.as_raw_fd(), WANT_WRITE);
+        self.write_blocked |= full;
+        full
     }
 
     fn shutdown_write(&mut self) {
