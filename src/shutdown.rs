@@ -49,8 +49,10 @@ fn in_initial_pid_namespace() -> bool {
 
 /// Remounts every mount read-only, the last mounted first; says how it went.
 fn read_only_all() -> String {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let points = mount_points(&mountinfo);
+    let points = match mounts_to_rest(std::fs::read_to_string("/proc/self/mountinfo")) {
+        Ok(points) => points,
+        Err(why) => return why,
+    };
     let mut refused = Vec::new();
     for point in points.iter().rev() {
         if let Err(error) = power::remount_read_only(point) {
@@ -96,6 +98,14 @@ const NO_DATA: [&str; 21] = [
     "nsfs",
 ];
 
+/// The mounts to remount read-only, or, when `/proc/self/mountinfo` could not be read, what the
+/// end line says instead (not "0 mounts": nothing was tried).
+fn mounts_to_rest(mountinfo: std::io::Result<String>) -> Result<Vec<PathBuf>, String> {
+    mountinfo
+        .map(|text| mount_points(&text))
+        .map_err(|e| format!("left mounted (cannot read /proc/self/mountinfo: {e})"))
+}
+
 /// The mount points of `/proc/self/mountinfo`'s text whose filesystem holds data (not in
 /// [`NO_DATA`]), in the order they were mounted.
 fn mount_points(mountinfo: &str) -> Vec<PathBuf> {
@@ -133,5 +143,16 @@ garbage
             mount_points(mountinfo),
             [PathBuf::from("/"), PathBuf::from("/mnt/with space")]
         );
+    }
+
+    #[test]
+    fn unreadable_mounts_are_said_to_be_left_mounted_not_counted_as_none() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(
+            mounts_to_rest(Err(missing)).unwrap_err(),
+            "left mounted (cannot read /proc/self/mountinfo: entity not found)"
+        );
+        let one = "22 1 254:0 / / rw - ext4 /dev/vda rw\n".to_string();
+        assert_eq!(mounts_to_rest(Ok(one)).unwrap(), [PathBuf::from("/")]);
     }
 }
