@@ -8,8 +8,6 @@
 //! - `flows`: the orchestrator's flows (a template build step, the `_system` shell, a
 //!   `Connect-Timeout-Ms` that kills, a terminal, unary `Stat`/`ListDir`);
 //! - `wire_rules`: errors as JSON, unknown fields, gzip both ways, refused codecs;
-//! - `pulled`: output read by the stream's own connection, whole and in order, and the I/O
-//!   thread not woken per batch;
 //! - here: the table covers every method the spec names, and sends the same message in both
 //!   codecs (the fixtures' README gives each fixture as proto3 JSON).
 
@@ -18,7 +16,6 @@ mod client;
 mod every_method;
 mod flows;
 mod messages;
-mod pulled;
 mod wire_rules;
 
 use std::collections::{BTreeMap, BTreeSet};

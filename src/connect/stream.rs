@@ -136,12 +136,6 @@ impl Stream {
         self.sender.wait_for_room(bytes, wake)
     }
 
-    /// Has the connection call `pull` to fill the queue when it finds it empty
-    /// (`http::stream::StreamSender::pull_with`).
-    pub fn pull_with(&self, pull: impl Fn() + Send + Sync + 'static) {
-        self.sender.pull_with(pull)
-    }
-
     /// Bytes queued that the connection has not taken yet.
     pub fn queued(&self) -> usize {
         self.sender.queued()

@@ -21,7 +21,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::table::{Key, Process, REAP_RETRY_MAX};
-use super::{Abort, Exit, OutputKind, Shared, State, Subscriber, Wake, SHUTDOWN_GRACE};
+use super::{Abort, Exit, OutputKind, Shared, State, Wake, SHUTDOWN_GRACE};
 use crate::log;
 use crate::sys::poll::{poll_ready, Interest};
 use crate::sys::process as sysproc;
@@ -54,6 +54,7 @@ struct Watched {
 pub(super) fn run(shared: &Shared) {
     let wake = Wake(Arc::clone(&shared.wake));
     let mut buf = Vec::with_capacity(super::CHUNK);
+    let mut last_activity: Option<Instant> = None;
     loop {
         let (watched, next) = plan(&mut lock(shared), &wake);
         let timeout = next.map(|at| at.saturating_duration_since(Instant::now()));
@@ -78,6 +79,10 @@ pub(super) fn run(shared: &Shared) {
             .iter()
             .zip(ready.iter().skip(1))
             .any(|(watch, ready)| *ready && matches!(watch.slot, Slot::Output(_)));
+        if output && last_activity.is_none_or(|at| at.elapsed() >= ACTIVITY_EVERY) {
+            last_activity = Some(Instant::now());
+            crate::platform::forward::activity();
+        }
         // The streams' connections are woken once this turn's reads are queued, each for one
         // batch of all it got (`http::stream::batched`), after the lock is let go.
         crate::http::stream::batched(|| {
@@ -86,9 +91,6 @@ pub(super) fn run(shared: &Shared) {
             if state.upgrading {
                 // The table is being handed over: what the poll found waits for the next image.
                 return;
-            }
-            if output {
-                activity(&mut state, now);
             }
             for (watch, _) in watched
                 .iter()
@@ -102,9 +104,7 @@ pub(super) fn run(shared: &Shared) {
                     // Held since the poll began (an upgrade that failed meanwhile): its output
                     // waits for its subscribers to come back.
                     Slot::Output(_) if process.held(now) => {}
-                    Slot::Output(index) => {
-                        read_output(process, index, &mut buf, &wake, READS_PER_TURN);
-                    }
+                    Slot::Output(index) => read_output(process, index, &mut buf, &wake),
                     Slot::Input => write_input(process),
                 }
             }
@@ -117,73 +117,6 @@ pub(super) fn run(shared: &Shared) {
 
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     shared.state.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Output was read: the port forwarder is told, at most every [`ACTIVITY_EVERY`].
-fn activity(state: &mut State, now: Instant) {
-    if state
-        .last_activity
-        .is_none_or(|at| now.saturating_duration_since(at) >= ACTIVITY_EVERY)
-    {
-        state.last_activity = Some(now);
-        crate::platform::forward::activity();
-    }
-}
-
-/// What [`pull`] knows a subscriber by: its address, which does not change while it is boxed
-/// in the table.
-pub(super) fn identity(subscriber: &dyn Subscriber) -> usize {
-    std::ptr::from_ref(subscriber).cast::<()>() as usize
-}
-
-/// A subscriber's connection found its queue empty (`http::stream::StreamSender::pull_with`):
-/// if it is still `key`'s only subscriber and reads output itself, the output waiting in
-/// the process's pipes is read into its queue now, on the connection's worker, one chunk of
-/// each output in turn while the queue has room. So while a process writes faster than its
-/// client reads, the worker that sends a batch reads the next, and neither this thread nor
-/// the event loop is woken for it. An output resting after a small read ([`REST`]) is left
-/// to this thread, which batches a slow writer's pieces as before; so is everything when the
-/// table is being handed over, or the process is held for a subscriber to come back.
-pub(super) fn pull(shared: &Shared, key: Key, id: usize) {
-    let wake = Wake(Arc::clone(&shared.wake));
-    let mut state = lock(shared);
-    if state.upgrading {
-        return;
-    }
-    let now = Instant::now();
-    let Some(process) = state.table.processes.get_mut(&key) else {
-        return;
-    };
-    match process.subscribers.as_slice() {
-        [only] if identity(only.as_ref()) == id && only.reads_output() => {}
-        _ => return,
-    }
-    // An output that gave less than a chunk (emptied, or the queue nearly full) is not read
-    // again in this pull: an idle stderr costs one `read` per pull, not one per chunk.
-    let mut done: Vec<bool> = (process.outputs.iter())
-        .map(|output| output.file.is_none() || output.rest_until.is_some_and(|at| at > now))
-        .collect();
-    let (mut read, mut closed) = (0, false);
-    for _ in 0..READS_PER_TURN {
-        let mut progress = 0;
-        for (index, done) in done.iter_mut().enumerate().filter(|(_, done)| !**done) {
-            let got = read_output(process, index, &mut Vec::new(), &wake, 1);
-            *done = got < super::CHUNK;
-            closed |= process.outputs[index].file.is_none();
-            progress += got;
-        }
-        read += progress;
-        if progress == 0 || process.subscribers.is_empty() {
-            break;
-        }
-    }
-    if read > 0 {
-        activity(&mut state, now);
-    }
-    if closed {
-        // Its end (reaping, the end event) is this thread's business.
-        wake.wake();
-    }
 }
 
 /// What to wait for this turn, and until when at most.
@@ -266,23 +199,17 @@ fn deliver(process: &mut Process, kind: OutputKind, bytes: &[u8]) {
 /// descriptor allows now, so a fast writer's small writes travel as few large events. A lone
 /// subscriber that can takes each chunk read straight into its queue
 /// ([`Subscriber::output_read`]); otherwise it is read into `buf` and handed to each.
-fn read_output(
-    process: &mut Process,
-    index: usize,
-    buf: &mut Vec<u8>,
-    wake: &Wake,
-    reads: usize,
-) -> usize {
+fn read_output(process: &mut Process, index: usize, buf: &mut Vec<u8>, wake: &Wake) {
     let mut read = 0;
-    for _ in 0..reads {
+    for _ in 0..READS_PER_TURN {
         if !all_ready(process, wake) {
-            return read;
+            return;
         }
         let Some(output) = process.outputs.get(index) else {
-            return read;
+            return;
         };
         let (kind, Some(file)) = (output.kind, output.file.clone()) else {
-            return read;
+            return;
         };
         let pid = process.pid;
         let (mut filled, mut after) = (0, Filled::Full);
@@ -315,15 +242,11 @@ fn read_output(
                         output.rest_until = Some(Instant::now() + REST);
                     }
                 }
-                return read;
+                return;
             }
-            Filled::End => {
-                close_output(process, index);
-                return read;
-            }
+            Filled::End => return close_output(process, index),
         }
     }
-    read
 }
 
 /// Why [`fill`] stopped.
@@ -426,7 +349,7 @@ fn housekeeping(state: &mut State, now: Instant, wake: &Wake, buf: &mut Vec<u8>)
         if let Some(process) = state.table.processes.get_mut(&key) {
             // Signalled: what its outputs hold now is still told.
             for index in 0..process.outputs.len() {
-                read_output(process, index, buf, wake, READS_PER_TURN);
+                read_output(process, index, buf, wake);
             }
         }
         if let Some(process) = state.table.remove(key, now) {

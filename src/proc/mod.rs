@@ -50,7 +50,7 @@ pub use table::Selector;
 use crate::sys::poll::EventFd;
 use crate::sys::process as sysproc;
 use crate::sys::pty::{self, WindowSize};
-use table::{Key, Output, Process, Table, INPUT_MAX};
+use table::{Output, Process, Table, INPUT_MAX};
 
 /// The most output bytes read, and handed to subscribers, at once.
 pub const CHUNK: usize = 64 << 10;
@@ -88,14 +88,6 @@ pub trait Subscriber: Send {
         let mut bytes = Vec::new();
         let n = read(&mut bytes, CHUNK);
         n == 0 || self.output(kind, &bytes)
-    }
-    /// Gives the subscriber the hub's `pull`: called by the subscriber's connection when it
-    /// finds its queue empty, it reads the process's output into the queue at once on the
-    /// connection's worker, while the subscriber is the process's only one and reads output
-    /// itself ([`Subscriber::reads_output`]); else it does nothing. Subscribers that do not
-    /// read output themselves ignore it.
-    fn pull_with(&mut self, pull: Box<dyn Fn() + Send + Sync>) {
-        let _ = pull;
     }
     /// When it next wants [`Subscriber::tick`]; `None`: never.
     fn next_tick(&self) -> Option<Instant>;
@@ -161,8 +153,6 @@ struct State {
     shutdown: Option<Instant>,
     /// The table is being handed over (`handover`): nothing reads, writes, reaps or changes it.
     upgrading: bool,
-    /// When the port forwarder was last told of output (`io::activity`).
-    last_activity: Option<Instant>,
 }
 
 impl State {
@@ -211,7 +201,6 @@ impl Hub {
                 table,
                 shutdown: None,
                 upgrading: false,
-                last_activity: None,
             }),
         });
         let thread_shared = Arc::clone(&shared);
@@ -273,14 +262,6 @@ impl Hub {
         };
         let mut state = self.lock();
         let key = state.table.insert(process);
-        if let Some(first) = state
-            .table
-            .processes
-            .get_mut(&key)
-            .and_then(|process| process.subscribers.first_mut())
-        {
-            self.give_pull(key, first);
-        }
         if state.upgrading {
             // An upgrade began meanwhile: it carries this process too, and its stream is
             // ended as the others were (`handover::prepare`).
@@ -309,11 +290,9 @@ impl Hub {
         if let Some(refused) = state.refusal() {
             return Err(refused);
         }
-        if let Some((key, process)) = state.table.find_entry(selector) {
+        if let Some(process) = state.table.find(selector) {
             started(&mut subscriber, process.pid);
-            let mut subscriber: Box<dyn Subscriber> = Box::new(subscriber);
-            self.give_pull(key, &mut subscriber);
-            process.subscribers.push(subscriber);
+            process.subscribers.push(Box::new(subscriber));
             process.hold_until = None;
             drop(state);
             self.wake();
@@ -323,18 +302,6 @@ impl Hub {
             Some(ended) => Ok(Attached::Ended(ended.pid, ended.exit, subscriber)),
             None => Err(ProcError::NotFound(selector.clone())),
         }
-    }
-
-    /// Gives a subscriber of `key`'s process its pull (`io::pull`), which knows it by its
-    /// address: a boxed subscriber does not move while it is in the table.
-    fn give_pull(&self, key: Key, subscriber: &mut Box<dyn Subscriber>) {
-        let shared = Arc::downgrade(&self.shared);
-        let id = io::identity(subscriber.as_ref());
-        subscriber.pull_with(Box::new(move || {
-            if let Some(shared) = shared.upgrade() {
-                io::pull(&shared, key, id);
-            }
-        }));
     }
 
     /// The live processes, by pid.

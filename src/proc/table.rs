@@ -151,12 +151,6 @@ impl Table {
         self.processes.get_mut(&key)
     }
 
-    /// As [`Table::find`], with its key.
-    pub fn find_entry(&mut self, selector: &Selector) -> Option<(Key, &mut Process)> {
-        let key = self.find_key(selector)?;
-        self.processes.get_mut(&key).map(|process| (key, process))
-    }
-
     fn find_key(&self, selector: &Selector) -> Option<Key> {
         match selector {
             Selector::Pid(pid) => {

@@ -12,12 +12,6 @@
 //! queued bytes or the client leaves). When the client is gone, `send` fails with
 //! [`SendError::Closed`]. A producer that counts what its streams hold can learn when the
 //! connection lets go of one ([`on_release`](StreamSender::on_release)), finished or not.
-//!
-//! A producer whose bytes wait somewhere the connection's worker can fetch them without
-//! waiting (a process's output pipe) may have the connection pull them
-//! ([`pull_with`](StreamSender::pull_with)): a worker that finds the queue empty asks the
-//! producer to fill it there and then, and goes on sending, instead of waiting in the event
-//! loop to be handed the next batch by the producer's thread.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -28,9 +22,6 @@ const RECYCLE_MAX: usize = 512 << 10;
 
 /// Wakes a connection parked while its producer had nothing. Called at most once.
 pub(crate) type Waker = Box<dyn FnOnce() + Send>;
-
-/// The producer's hook a connection calls to have the empty queue filled ([`StreamSender::pull_with`]).
-type Pull = Arc<dyn Fn() + Send + Sync>;
 
 thread_local! {
     /// The connections to wake once the [`batched`] call on this thread returns.
@@ -85,7 +76,6 @@ pub fn channel(capacity: usize) -> (StreamSender, StreamSource) {
             waiter: None,
             producer_waiter: None,
             on_release: None,
-            pull: None,
         }),
     });
     (
@@ -148,8 +138,6 @@ struct State {
     producer_waiter: Option<Waker>,
     /// Called when the connection drops its end.
     on_release: Option<Waker>,
-    /// Called by the connection when it finds the queue empty.
-    pull: Option<Pull>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,17 +301,6 @@ impl StreamSender {
         false
     }
 
-    /// Has the connection, whenever it finds the queue empty and the body open, call `pull`
-    /// (on its worker, without the stream's lock held) to queue what the producer has now,
-    /// before it waits for more. `pull` must not wait for anything but short locks. A
-    /// producer waiting for room ([`wait_for_room`](Self::wait_for_room)) is then called
-    /// back when a pull queued nothing (the connection is about to wait), not each time
-    /// the connection takes the queue: while pulls bring bytes, the connection needs no one
-    /// else to fill its queue. Replaces any hook kept before.
-    pub fn pull_with(&self, pull: impl Fn() + Send + Sync + 'static) {
-        self.shared.lock().pull = Some(Arc::new(pull));
-    }
-
     /// Calls `released` once, when the connection drops the body's end: every byte sent, or the
     /// answer cut, or the client gone; at once if it already has. The call outlives this sender
     /// (a finished body may still be being sent), so a producer can bound how many bodies are
@@ -365,21 +342,10 @@ impl StreamSource {
     /// there is more.
     pub(crate) fn poll(&self, waker: impl FnOnce() -> Waker) -> Poll {
         let mut state = self.shared.lock();
-        if state.queued.is_empty() && state.end == End::Open {
-            if let Some(pull) = state.pull.clone() {
-                drop(state);
-                pull();
-                state = self.shared.lock();
-            }
-        }
         if !state.queued.is_empty() {
             let spare = std::mem::take(&mut state.spare);
             let data = std::mem::replace(&mut state.queued, spare);
-            // A pulled stream calls its producer back only when a pull brings nothing.
-            let producer = match state.pull {
-                Some(_) => None,
-                None => state.producer_waiter.take(),
-            };
+            let producer = state.producer_waiter.take();
             drop(state);
             if let Some(wake) = producer {
                 wake();
@@ -391,11 +357,6 @@ impl StreamSource {
             End::Aborted => Poll::Aborted,
             End::Open => {
                 state.waiter = Some(waker());
-                let producer = state.producer_waiter.take();
-                drop(state);
-                if let Some(wake) = producer {
-                    wake();
-                }
                 Poll::Pending
             }
         }
@@ -442,7 +403,6 @@ impl Drop for StreamSource {
             state.queued = Vec::new();
             state.spare = Vec::new();
             state.waiter = None;
-            state.pull = None;
             (state.producer_waiter.take(), state.on_release.take())
         };
         if let Some(wake) = producer {
@@ -733,63 +693,6 @@ mod tests {
             count.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(released.load(Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn a_pulled_stream_is_filled_by_the_connection_and_calls_its_producer_back_only_when_dry() {
-        let (sender, source) = channel(16);
-        let sender = Arc::new(Mutex::new(Some(sender)));
-        let (pulls, room) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let pieces = Arc::new(Mutex::new(vec![&b"ef"[..], b"cd"]));
-        {
-            let (sender, pulls, pieces) = (Arc::clone(&sender), Arc::clone(&pulls), pieces);
-            let guard = sender.lock().unwrap();
-            let inner = Arc::clone(&sender);
-            guard.as_ref().unwrap().pull_with(move || {
-                pulls.fetch_add(1, Ordering::SeqCst);
-                if let Some(piece) = pieces.lock().unwrap().pop() {
-                    let held = inner.lock().unwrap();
-                    held.as_ref().unwrap().send(piece).unwrap();
-                }
-            });
-        }
-        let wait_room = |room: &Arc<AtomicUsize>| {
-            let room = Arc::clone(room);
-            let held = sender.lock().unwrap();
-            held.as_ref().unwrap().send(b"ab").unwrap();
-            assert!(!held.as_ref().unwrap().wait_for_room(16, move || {
-                room.fetch_add(1, Ordering::SeqCst);
-            }));
-        };
-        wait_room(&room);
-        let wakes = Arc::new(AtomicUsize::new(0));
-        // Queued bytes are taken without a pull, and the producer waiting for room is not
-        // called back: the connection pulls the next bytes itself.
-        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(d) if d == b"ab"));
-        assert_eq!(
-            (pulls.load(Ordering::SeqCst), room.load(Ordering::SeqCst)),
-            (0, 0)
-        );
-        // Empty: each poll pulls, in order.
-        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(d) if d == b"cd"));
-        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Data(d) if d == b"ef"));
-        assert_eq!(
-            (pulls.load(Ordering::SeqCst), room.load(Ordering::SeqCst)),
-            (2, 0)
-        );
-        // A pull that brings nothing: the connection waits and the producer is called back.
-        assert!(matches!(source.poll(counting_waker(&wakes)), Poll::Pending));
-        assert_eq!(
-            (pulls.load(Ordering::SeqCst), room.load(Ordering::SeqCst)),
-            (3, 1)
-        );
-        // Finished: no pull past the end.
-        sender.lock().unwrap().take().unwrap().finish();
-        assert!(matches!(
-            source.poll(counting_waker(&wakes)),
-            Poll::Finished
-        ));
-        assert_eq!(pulls.load(Ordering::SeqCst), 3);
     }
 
     #[test]

@@ -124,14 +124,6 @@ impl Subscriber for ProcessStream {
             .is_some_and(|stream| stream.codec() == Codec::Proto && !stream.compresses())
     }
 
-    /// Only the stream that reads output straight into its queue pulls: gzip and JSON are
-    /// written by the I/O thread.
-    fn pull_with(&mut self, pull: Box<dyn Fn() + Send + Sync>) {
-        if let (true, Some(stream)) = (self.reads_output(), self.live.stream()) {
-            stream.pull_with(pull);
-        }
-    }
-
     fn output_read(
         &mut self,
         kind: OutputKind,
