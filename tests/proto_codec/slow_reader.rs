@@ -5,24 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::client::{open, run_to_end};
-use super::messages::process::{Event, EventResponse, Output, ProcessConfig, StartRequest};
+use super::client::{run_to_end, start_sh};
+use super::messages::process::{Event, EventResponse, Output};
 use crate::common::connect::{Stream, WAIT};
-use crate::common::{start, Daemon};
-
-const START: &str = "process.Process/Start";
-
-fn start_sh(daemon: &Daemon, script: &str) -> Stream {
-    let request = StartRequest {
-        process: Some(ProcessConfig {
-            cmd: "/bin/sh".into(),
-            args: vec!["-c".into(), script.into()],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    open(daemon, START, &prost::Message::encode_to_vec(&request), &[])
-}
+use crate::common::start;
 
 fn lines(from: u32, to: u32) -> Vec<u8> {
     (from..=to)
