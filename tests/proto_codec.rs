@@ -8,6 +8,7 @@
 //! - `flows`: the orchestrator's flows (a template build step, the `_system` shell, a
 //!   `Connect-Timeout-Ms` that kills, a terminal, unary `Stat`/`ListDir`);
 //! - `wire_rules`: errors as JSON, unknown fields, gzip both ways, refused codecs;
+//! - `slow_reader`: both outputs whole and in order to a client that reads slowly;
 //! - here: the table covers every method the spec names, and sends the same message in both
 //!   codecs (the fixtures' README gives each fixture as proto3 JSON).
 
@@ -16,6 +17,7 @@ mod client;
 mod every_method;
 mod flows;
 mod messages;
+mod slow_reader;
 mod wire_rules;
 
 use std::collections::{BTreeMap, BTreeSet};

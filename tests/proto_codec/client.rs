@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::messages::process::{EndEvent, Event, EventResponse, Output};
+use super::messages::process::{
+    EndEvent, Event, EventResponse, Output, ProcessConfig, StartRequest,
+};
 use crate::common::connect::{envelope, Envelope, Stream};
 use crate::common::{Daemon, Reply, TOKEN};
 
@@ -77,6 +79,20 @@ pub fn json_error(reply: &Reply) -> (u16, String, String) {
 /// A server stream with `message` as its one envelope (flag 0) in the binary codec.
 pub fn open(daemon: &Daemon, procedure: &str, message: &[u8], headers: &[(&str, &str)]) -> Stream {
     Stream::open_raw(daemon, procedure, STREAM, &envelope(0, message), headers)
+}
+
+/// A `Start` of `/bin/sh -c script` in the binary codec, as the orchestrator sends it.
+pub fn start_sh(daemon: &Daemon, script: &str) -> Stream {
+    let request = StartRequest {
+        process: Some(ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let message = prost::Message::encode_to_vec(&request);
+    open(daemon, "process.Process/Start", &message, &[])
 }
 
 /// The next envelope, at most 10 s away, ungzipped when its flag 0x01 says so.

@@ -12,9 +12,7 @@ use super::client::{
     self, answer, decode, fixture, next, next_within, open, run_after_start, run_to_end, started,
 };
 use super::messages::filesystem::{EntryResponse, FileType, ListDirResponse};
-use super::messages::process::{
-    EndEvent, Event, EventResponse, ListResponse, Output, ProcessConfig, StartRequest,
-};
+use super::messages::process::{EndEvent, Event, EventResponse, ListResponse, Output};
 use crate::common::connect::{Stream, AS_USER, WAIT};
 use crate::common::{root_or_skip, start, write_file, Daemon, USER_UID};
 
@@ -239,21 +237,7 @@ fn megabytes_of_output_arrive_whole_in_events_of_at_most_64_kib() {
     // event headers are shorter), on both outputs.
     let script = "seq 1 400000; printf tail; seq 5 30000 >&2; sleep 0.05; printf x; \
                   sleep 0.05; printf y >&2";
-    let request = StartRequest {
-        process: Some(ProcessConfig {
-            cmd: "/bin/sh".into(),
-            args: vec!["-c".into(), script.into()],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut stream = open(
-        &daemon,
-        START,
-        &prost::Message::encode_to_vec(&request),
-        &[],
-    );
-    let run = run_to_end(&mut stream, WAIT);
+    let run = run_to_end(&mut client::start_sh(&daemon, script), WAIT);
     assert_eq!(run.error, None, "{:?}", run.end);
     let lines = |from: u32, to: u32| -> Vec<u8> {
         (from..=to)
