@@ -17,8 +17,9 @@ data segments it delivered (longer than DATA_MIN bytes: the server's bytes reach
 socket, or, in a forwarder, either hop's) and the bare ACKs (the peer's acknowledgements reaching
 the server's own socket, which production does run on the server's CPUs), in proportion to their
 counts. That undercounts the data part (a data segment costs more to deliver than an ACK), so
-the share is a floor. The tracepoints add about a microsecond per event to both sides of the
-ratio, which is why the share is applied to the CPU of untraced runs rather than its time used.
+the share is a floor. The tracepoints cost something per event (about three per segment) on
+both sides of the ratio, which is why the share is applied to the CPU of untraced runs rather
+than the traced time itself used.
 """
 import os
 import shutil
@@ -28,8 +29,8 @@ import tempfile
 import time
 
 # A bare ACK on loopback is 52 bytes of IP and TCP header (with timestamps), a little more
-# with SACK blocks; a data segment carries at least one byte more than that, and in a bulk
-# transfer tens of KiB.
+# with SACK blocks; a bulk transfer's data segments carry tens of KiB. A data segment of under
+# 150 bytes (an HTTP head, a stream's tail) counts as an ACK here: a few per transfer.
 DATA_MIN = 200
 
 
