@@ -63,6 +63,7 @@ impl Handler for Router {
 
     fn log(&self, record: &Record<'_>) {
         log::request(
+            record.at,
             record.method,
             record.target,
             record.status,

@@ -73,6 +73,7 @@ mod tests {
             status: 200,
             bytes: 12,
             micros: 345,
+            at: std::time::UNIX_EPOCH,
         };
         write_line(
             &mut out,

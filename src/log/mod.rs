@@ -53,6 +53,8 @@ pub(crate) struct RequestFields<'a> {
     status: u16,
     bytes: u64,
     micros: u128,
+    /// When the request ended.
+    at: SystemTime,
 }
 
 struct Buffers {
@@ -61,11 +63,25 @@ struct Buffers {
     line: Vec<u8>,
     /// The JSON form's timestamp.
     stamp: Vec<u8>,
+    /// The second of the latest timestamp, formatted.
+    second: Second,
+}
+
+/// A formatted second, `2023-11-14T22:13:20.`, and which it is: a thread's lines in the same
+/// second share it, and only their milliseconds are written.
+struct Second {
+    text: Vec<u8>,
+    of: Option<u64>,
 }
 
 thread_local! {
     static BUFFERS: RefCell<Buffers> = const {
-        RefCell::new(Buffers { message: String::new(), line: Vec::new(), stamp: Vec::new() })
+        RefCell::new(Buffers {
+            message: String::new(),
+            line: Vec::new(),
+            stamp: Vec::new(),
+            second: Second { text: Vec::new(), of: None },
+        })
     };
 }
 
@@ -81,9 +97,17 @@ pub fn local_line(message: fmt::Arguments) {
     emit(Message::Text(message), false);
 }
 
-/// The request line: method, target without `signature`, status, body bytes, duration. Held
-/// in the thread's buffer ([`buffer`]), written within a second.
-pub fn request(method: &str, target: &str, status: u16, bytes: u64, took: Duration) {
+/// The request line: `at` (when the request ended: the line's time), method, target without
+/// `signature`, status, body bytes, duration. Held in the thread's buffer ([`buffer`]),
+/// written within a second.
+pub fn request(
+    at: SystemTime,
+    method: &str,
+    target: &str,
+    status: u16,
+    bytes: u64,
+    took: Duration,
+) {
     let target = redact_signature(target);
     let fields = RequestFields {
         method,
@@ -91,6 +115,7 @@ pub fn request(method: &str, target: &str, status: u16, bytes: u64, took: Durati
         status,
         bytes,
         micros: took.as_micros(),
+        at,
     };
     emit(Message::Request(fields), true);
 }
@@ -147,9 +172,14 @@ impl Message<'_> {
 }
 
 fn emit(message: Message, exported: bool) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    // A request's line carries the time its request ended (the server's reading of the clock
+    // for its duration); any other line is timed here.
+    let now = match &message {
+        Message::Request(fields) => fields.at,
+        Message::Text(_) => SystemTime::now(),
+    }
+    .duration_since(UNIX_EPOCH)
+    .unwrap_or_default();
     let json_on_stderr = JSON_ON_STDERR.load(Ordering::Relaxed);
     let exporting = exported && export::is_on();
     let request = match &message {
@@ -164,6 +194,7 @@ fn emit(message: Message, exported: bool) {
             message: text,
             line,
             stamp,
+            second,
         } = &mut *buffers;
         line.clear();
         if json_on_stderr || exporting {
@@ -174,7 +205,7 @@ fn emit(message: Message, exported: bool) {
                 .is_some()
                 .then(|| OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1);
             stamp.clear();
-            write_timestamp(stamp, now);
+            write_timestamp(stamp, second, now);
             json::write_line(line, stamp, text, request, operation);
             if exporting {
                 export::push(line);
@@ -183,7 +214,7 @@ fn emit(message: Message, exported: bool) {
         if !json_on_stderr {
             // Written straight into the line (the common case: no JSON at all).
             line.clear();
-            write_timestamp(line, now);
+            write_timestamp(line, second, now);
             line.push(b' ');
             message.write_bytes(line);
         }
@@ -218,10 +249,24 @@ fn write_stderr(text: &[u8]) {
     }
 }
 
-/// `2023-11-14T22:13:20.123Z`, digits by hand (on every request line).
-fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
+/// `2023-11-14T22:13:20.123Z`, digits by hand (on every request line), its second formatted
+/// only when it is not `second`'s.
+fn write_timestamp(out: &mut Vec<u8>, second: &mut Second, since_epoch: Duration) {
+    let secs = since_epoch.as_secs();
+    if second.of != Some(secs) {
+        second.text.clear();
+        write_second(&mut second.text, secs);
+        second.of = Some(secs);
+    }
+    out.extend_from_slice(&second.text);
+    push_padded(out, u64::from(since_epoch.subsec_millis()), 3);
+    out.push(b'Z');
+}
+
+/// `2023-11-14T22:13:20.`, the second of a timestamp.
+fn write_second(out: &mut Vec<u8>, secs: u64) {
     // Past i64::MAX seconds (in 292 billion years) the timestamp saturates.
-    let secs = i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX);
+    let secs = i64::try_from(secs).unwrap_or(i64::MAX);
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     let time = secs.rem_euclid(86_400).unsigned_abs();
     let fields = [
@@ -231,7 +276,6 @@ fn write_timestamp(out: &mut Vec<u8>, since_epoch: Duration) {
         (time / 3600, 2, b':'),
         (time / 60 % 60, 2, b':'),
         (time % 60, 2, b'.'),
-        (u64::from(since_epoch.subsec_millis()), 3, b'Z'),
     ];
     for (value, width, after) in fields {
         push_padded(out, value, width);
@@ -249,6 +293,7 @@ mod tests {
         std::thread::spawn(|| {
             let line = || {
                 request(
+                    SystemTime::now(),
                     "GET",
                     "/log-test?no-allocation",
                     204,
@@ -269,8 +314,20 @@ mod tests {
 
     #[test]
     fn timestamps_are_rfc3339_utc() {
-        let mut text = Vec::new();
-        write_timestamp(&mut text, Duration::from_millis(1_700_000_000_123));
-        assert_eq!(text, b"2023-11-14T22:13:20.123Z");
+        let mut second = Second {
+            text: Vec::new(),
+            of: None,
+        };
+        for (millis, stamp) in [
+            (1_700_000_000_123, "2023-11-14T22:13:20.123Z"),
+            (1_700_000_000_999, "2023-11-14T22:13:20.999Z"),
+            (1_700_000_001_004, "2023-11-14T22:13:21.004Z"),
+            (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+            (0, "1970-01-01T00:00:00.000Z"),
+        ] {
+            let mut text = Vec::new();
+            write_timestamp(&mut text, &mut second, Duration::from_millis(millis));
+            assert_eq!(String::from_utf8(text).unwrap(), stamp);
+        }
     }
 }

@@ -114,40 +114,44 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// A `Date` header value cached per second, since formatting on every response is waste; the
-/// next second is written into the same buffer (no allocation).
+/// The `Server` and `Date` header lines of every answer, `Server: <name>\r\nDate: <date>\r\n`,
+/// copied into a head at once: the date is rewritten into the same buffer once per second (no
+/// allocation), since formatting it on every response is waste.
 pub(crate) struct DateCache {
     secs: i64,
+    /// Where the date starts in `text`.
+    date_at: usize,
     text: String,
 }
 
 impl DateCache {
-    /// A cache holding no date yet.
-    pub(crate) fn new() -> DateCache {
+    /// A cache holding no date yet, for a server named `server`.
+    pub(crate) fn new(server: &str) -> DateCache {
+        let mut text = String::with_capacity(server.len() + 48);
+        text.push_str("Server: ");
+        text.push_str(server);
+        text.push_str("\r\nDate: ");
         DateCache {
             secs: i64::MIN,
-            text: String::with_capacity(32),
+            date_at: text.len(),
+            text,
         }
     }
 
-    /// The current second as an HTTP date, formatted once per second.
-    pub(crate) fn now(&mut self) -> &str {
-        let now = now_unix();
+    /// The header lines with the second of `time` as the date.
+    pub(crate) fn at(&mut self, time: SystemTime) -> &str {
+        let now = unix_secs(time);
         if now != self.secs {
             self.secs = now;
             let mut bytes = std::mem::take(&mut self.text).into_bytes();
-            bytes.clear();
+            bytes.truncate(self.date_at);
             write(&mut bytes, now);
-            // ASCII by construction; a failure would only leave the header empty.
+            bytes.extend_from_slice(b"\r\n");
+            // ASCII but for the server's name, a `&str`: a failure cannot happen, and would
+            // only leave the lines out.
             self.text = String::from_utf8(bytes).unwrap_or_default();
         }
         &self.text
-    }
-}
-
-impl Default for DateCache {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -161,6 +165,20 @@ mod tests {
         assert_eq!(format(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
         assert_eq!(format(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
         assert_eq!(format(1_700_000_000), "Tue, 14 Nov 2023 22:13:20 GMT");
+    }
+
+    #[test]
+    fn the_server_and_date_lines_follow_the_second() {
+        let mut cache = DateCache::new("sandboxd");
+        let at = |secs| UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        assert_eq!(
+            cache.at(at(784_111_777)),
+            "Server: sandboxd\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+        );
+        assert_eq!(
+            cache.at(at(1_700_000_000)),
+            "Server: sandboxd\r\nDate: Tue, 14 Nov 2023 22:13:20 GMT\r\n"
+        );
     }
 
     #[test]

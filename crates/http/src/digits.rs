@@ -5,24 +5,12 @@
 
 /// Appends `n` in decimal.
 pub fn push_u64(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        // `n % 10` is below 10: the cast cannot truncate.
-        #[allow(clippy::cast_possible_truncation)]
-        let digit = (n % 10) as u8;
-        digits[at] = b'0' + digit;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+    push_padded(out, n, 1);
 }
 
 /// Appends `n` in decimal with at least `width` digits, zeros in front (a timestamp's fields).
+/// The digits are written in place, from the last: copying them from a buffer would be a
+/// `memcpy` call per number (musl's, slow for a few bytes).
 pub fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
     let mut len = 1;
     let mut rest = n / 10;
@@ -30,8 +18,19 @@ pub fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
         len += 1;
         rest /= 10;
     }
-    out.extend(std::iter::repeat_n(b'0', width.saturating_sub(len)));
-    push_u64(out, n);
+    let start = out.len();
+    out.resize(start + len.max(width), b'0');
+    let mut n = n;
+    for slot in out[start..].iter_mut().rev() {
+        // `n % 10` is below 10: the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation)]
+        let digit = (n % 10) as u8;
+        *slot = b'0' + digit;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
 }
 
 #[cfg(test)]

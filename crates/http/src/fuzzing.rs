@@ -162,6 +162,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
     let now = Instant::now();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let waker = || -> Waker { Box::new(|| {}) };
+    let wall = crate::clock::Wall::new();
     let mut scratch = vec![0u8; 4096];
     let mut conn = Conn::new(now + limits.header_timeout);
     let mut io = MemoryIo::default();
@@ -169,9 +170,9 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
         let mut cx = Context {
             handler,
             limits: &limits,
-            server: "test",
-            date: "Thu, 01 Jan 1970 00:00:00 GMT",
+            server_and_date: "Server: test\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\n",
             now,
+            wall: &wall,
             stopping: false,
             scratch,
             out: &mut Vec::new(),

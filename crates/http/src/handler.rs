@@ -6,7 +6,7 @@
 //! connection closed), its body collected in full up to a limit, or its body fed to a
 //! [`BodySink`] as it arrives. Everything here runs in a worker and may block on disks.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::Error;
 use crate::head::Head;
@@ -98,4 +98,6 @@ pub struct Record<'a> {
     pub bytes: u64,
     /// From the complete head to the last byte written.
     pub duration: Duration,
+    /// When the request ended (its last byte written), by the wall clock.
+    pub at: SystemTime,
 }

@@ -4,6 +4,7 @@
 //! vectors whatever its number of headers, and on a worker they are the previous request's
 //! ([`crate::spare`]): no allocation. Limits (SPEC §10): 64 KiB, 100 headers.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use crate::spare;
@@ -12,6 +13,9 @@ use crate::spare;
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in one request.
 pub const MAX_HEADERS: usize = 100;
+
+/// Methods named without looking at the head's bytes again.
+const KNOWN_METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
 
 /// Why a head was refused. `TooLarge` is answered 431, `Malformed` 400; both close the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +31,13 @@ pub enum HeadError {
 pub struct Head {
     bytes: Vec<u8>,
     method: Range<usize>,
+    /// The method when it is one of the common ones: asked for often, and then no UTF-8
+    /// check of the bytes is needed.
+    known_method: Option<&'static str>,
     target: Range<usize>,
+    /// The target's path and query (without `?`), found once: routing asks for them often.
+    path: Range<usize>,
+    query: Range<usize>,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub(crate) minor_version: u8,
     headers: Vec<(Range<usize>, Range<usize>)>,
@@ -46,9 +56,11 @@ impl Head {
     /// n)))`: the head took the first `n` bytes. A head not complete within [`MAX_HEAD_BYTES`] is
     /// `TooLarge`.
     pub fn parse(buf: &[u8]) -> Result<Option<(Head, usize)>, HeadError> {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut request = httparse::Request::new(&mut fields);
-        let status = match request.parse(buf) {
+        // Left uninitialised: httparse writes the fields it finds (3.2 KiB zeroed per request
+        // otherwise).
+        let mut fields = [const { MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut []);
+        let status = match request.parse_with_uninit_headers(buf, &mut fields) {
             Ok(status) => status,
             Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
             Err(e) => return Err(HeadError::Malformed(malformed_reason(e))),
@@ -71,9 +83,16 @@ impl Head {
         else {
             return Err(HeadError::Malformed("incomplete request line"));
         };
+        let target_range = range_of(target.as_bytes());
+        let (path, query) = path_and_query(target);
+        let at =
+            |part: Range<usize>| target_range.start + part.start..target_range.start + part.end;
         let head = Head {
+            known_method: KNOWN_METHODS.iter().copied().find(|known| *known == method),
             method: range_of(method.as_bytes()),
-            target: range_of(target.as_bytes()),
+            path: at(path),
+            query: at(query),
+            target: target_range,
             minor_version,
             headers: {
                 let mut fields = spare::fields();
@@ -96,7 +115,10 @@ impl Head {
 
     /// The request method, e.g. `GET`.
     pub fn method(&self) -> &str {
-        self.text(&self.method)
+        match self.known_method {
+            Some(method) => method,
+            None => self.text(&self.method),
+        }
     }
 
     /// The request target as sent: path and query, still percent-encoded.
@@ -106,8 +128,7 @@ impl Head {
 
     /// The path part of the target (before `?`); `/` for an absolute-form target without one.
     pub fn path(&self) -> &str {
-        let target = self.origin_form();
-        match target.split_once('?').map_or(target, |(path, _)| path) {
+        match self.text(&self.path) {
             "" => "/",
             path => path,
         }
@@ -115,23 +136,7 @@ impl Head {
 
     /// The raw query (after `?`), empty when absent.
     pub fn raw_query(&self) -> &str {
-        self.origin_form()
-            .split_once('?')
-            .map_or("", |(_, query)| query)
-    }
-
-    /// The target without the scheme and authority of an absolute-form target
-    /// (`GET http://host/health`, RFC 9112 §3.2.2), which servers must accept.
-    fn origin_form(&self) -> &str {
-        let target = self.target();
-        for scheme in ["http://", "https://"] {
-            let prefix = target.get(..scheme.len());
-            if prefix.is_some_and(|p| p.eq_ignore_ascii_case(scheme)) {
-                let rest = &target[scheme.len()..];
-                return rest.find(['/', '?']).map_or("", |start| &rest[start..]);
-            }
-        }
-        target
+        self.text(&self.query)
     }
 
     /// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; any `Host` sent must be
@@ -185,6 +190,27 @@ impl Head {
     fn text(&self, range: &Range<usize>) -> &str {
         // httparse only yields method and target made of visible ASCII.
         std::str::from_utf8(&self.bytes[range.clone()]).unwrap_or("")
+    }
+}
+
+/// The path and the query (after `?`) of `target`, as ranges of it, without the scheme and
+/// authority of an absolute-form target (`GET http://host/health`, RFC 9112 §3.2.2), which
+/// servers must accept.
+fn path_and_query(target: &str) -> (Range<usize>, Range<usize>) {
+    let mut start = 0;
+    for scheme in ["http://", "https://"] {
+        let prefix = target.get(..scheme.len());
+        if prefix.is_some_and(|p| p.eq_ignore_ascii_case(scheme)) {
+            let rest = &target[scheme.len()..];
+            start = rest
+                .find(['/', '?'])
+                .map_or(target.len(), |at| scheme.len() + at);
+            break;
+        }
+    }
+    match target[start..].find('?') {
+        Some(at) => (start..start + at, start + at + 1..target.len()),
+        None => (start..target.len(), target.len()..target.len()),
     }
 }
 

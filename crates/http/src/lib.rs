@@ -70,6 +70,7 @@
 
 mod budget;
 mod chunked;
+mod clock;
 mod conn;
 pub mod date;
 pub mod deferred;

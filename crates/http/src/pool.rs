@@ -82,10 +82,10 @@ impl Pool {
         }
     }
 
-    /// Worker `index` starts a run, `holding` events it took but has not run. True when the
-    /// timekeeper must be told to watch.
-    pub(crate) fn run_started(&self, index: usize, holding: bool) -> bool {
-        let run = (self.micros(Instant::now()) << FLAGS) | UNDER_WAY;
+    /// Worker `index` starts a run `now`, `holding` events it took but has not run. True when
+    /// the timekeeper must be told to watch.
+    pub(crate) fn run_started(&self, index: usize, holding: bool, now: Instant) -> bool {
+        let run = (self.micros(now) << FLAGS) | UNDER_WAY;
         self.runs[index].store(run, Ordering::SeqCst);
         // Two runs starting at once each see the other (both stores come before both loads):
         // the later one is watched.
@@ -248,10 +248,13 @@ mod tests {
         wait_for_taking(&pool, 1);
 
         assert!(
-            pool.run_started(0, false),
+            pool.run_started(0, false, Instant::now()),
             "the first run asks the timekeeper to watch"
         );
-        assert!(!pool.run_started(0, false), "watching already");
+        assert!(
+            !pool.run_started(0, false, Instant::now()),
+            "watching already"
+        );
         assert!(pool.watch(Instant::now()));
         assert!(
             spare.try_recv().is_err(),
@@ -283,7 +286,7 @@ mod tests {
         // Runs holding events: watched with a waiting worker free.
         let pool = Pool::new(2, 2);
         assert!(
-            pool.run_started(0, true),
+            pool.run_started(0, true, Instant::now()),
             "the first run asks the timekeeper to watch"
         );
         pool.run_ended(0);
@@ -293,7 +296,7 @@ mod tests {
         );
         thread::sleep(Duration::from_millis(1));
         assert!(
-            !pool.run_started(1, true),
+            !pool.run_started(1, true, Instant::now()),
             "still watching: the timekeeper is not told"
         );
         pool.run_ended(1);
@@ -309,7 +312,7 @@ mod tests {
         );
         assert!(!pool.is_watching());
         assert!(
-            pool.run_started(0, true),
+            pool.run_started(0, true, Instant::now()),
             "the next run tells the timekeeper again"
         );
     }
@@ -318,12 +321,12 @@ mod tests {
     fn a_lone_run_with_a_waiting_worker_free_is_not_watched_until_another_starts() {
         let pool = Pool::new(8, 2);
         assert!(
-            !pool.run_started(0, false),
+            !pool.run_started(0, false, Instant::now()),
             "one run under way, another waiting worker free, no events held: not watched"
         );
         assert!(!pool.is_watching());
         assert!(
-            pool.run_started(1, false),
+            pool.run_started(1, false, Instant::now()),
             "as many runs under way as waiting workers: the second is watched"
         );
         let later = Instant::now() + 5 * STUCK;
@@ -340,7 +343,7 @@ mod tests {
         );
         pool.run_ended(0);
         assert!(
-            pool.run_started(2, true),
+            pool.run_started(2, true, Instant::now()),
             "a lone run holding events it took is watched"
         );
         assert_eq!(pool.watched_runs.load(Ordering::SeqCst), 2);

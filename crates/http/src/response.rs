@@ -103,9 +103,8 @@ impl Response {
 
 /// How a response's head is to be written.
 pub(crate) struct HeadOptions<'a> {
-    /// The `Server` header's value.
-    pub server: &'a str,
-    pub date: &'a str,
+    /// The `Server` and `Date` header lines, with their CRLFs ([`crate::date::DateCache`]).
+    pub server_and_date: &'a str,
     pub keep_alive: bool,
     /// HTTP/1.0 keep-alive must be confirmed with `Connection: keep-alive`.
     pub announce_keep_alive: bool,
@@ -127,15 +126,14 @@ pub(crate) enum Framing {
 /// Appends the head of `response` to `out`; returns how its body is framed. Bytes copied and
 /// digits written by hand: no `core::fmt` on the path of every answer.
 pub(crate) fn write_head(out: &mut Vec<u8>, response: &Response, options: &HeadOptions) -> Framing {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    push_u64(out, u64::from(response.status));
-    out.push(b' ');
-    out.extend_from_slice(reason(response.status).as_bytes());
-    out.extend_from_slice(b"\r\nServer: ");
-    out.extend_from_slice(options.server.as_bytes());
-    out.extend_from_slice(b"\r\nDate: ");
-    out.extend_from_slice(options.date.as_bytes());
-    out.extend_from_slice(b"\r\n");
+    if let Some(line) = status_line(response.status) {
+        out.extend_from_slice(line.as_bytes());
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        push_u64(out, u64::from(response.status));
+        out.extend_from_slice(b" Unknown\r\n");
+    }
+    out.extend_from_slice(options.server_and_date.as_bytes());
     for (name, value) in &response.headers {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
@@ -173,36 +171,46 @@ fn has_body(status: u16) -> bool {
     !(status < 200 || status == 204 || status == 304)
 }
 
-/// The reason phrase of a status code.
-fn reason(status: u16) -> &'static str {
-    match status {
-        100 => "Continue",
-        101 => "Switching Protocols",
-        200 => "OK",
-        204 => "No Content",
-        206 => "Partial Content",
-        304 => "Not Modified",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        411 => "Length Required",
-        412 => "Precondition Failed",
-        413 => "Content Too Large",
-        415 => "Unsupported Media Type",
-        416 => "Range Not Satisfiable",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        505 => "HTTP Version Not Supported",
-        507 => "Insufficient Storage",
-        _ => "Unknown",
-    }
+/// Writes `status_line`: the whole status line of each known status, `HTTP/1.1 204 No
+/// Content\r\n`, a constant copied at once.
+macro_rules! status_lines {
+    ($($status:literal $reason:literal,)*) => {
+        /// The status line of a known status code, with its CRLF.
+        fn status_line(status: u16) -> Option<&'static str> {
+            match status {
+                $($status => Some(concat!("HTTP/1.1 ", $status, " ", $reason, "\r\n")),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+status_lines! {
+    100 "Continue",
+    101 "Switching Protocols",
+    200 "OK",
+    204 "No Content",
+    206 "Partial Content",
+    304 "Not Modified",
+    400 "Bad Request",
+    401 "Unauthorized",
+    403 "Forbidden",
+    404 "Not Found",
+    405 "Method Not Allowed",
+    408 "Request Timeout",
+    411 "Length Required",
+    412 "Precondition Failed",
+    413 "Content Too Large",
+    415 "Unsupported Media Type",
+    416 "Range Not Satisfiable",
+    431 "Request Header Fields Too Large",
+    500 "Internal Server Error",
+    501 "Not Implemented",
+    502 "Bad Gateway",
+    503 "Service Unavailable",
+    504 "Gateway Timeout",
+    505 "HTTP Version Not Supported",
+    507 "Insufficient Storage",
 }
 
 #[cfg(test)]
@@ -212,8 +220,7 @@ mod tests {
     fn head(response: &Response, keep_alive: bool, http11: bool) -> (String, Framing) {
         let mut out = b"before|".to_vec();
         let options = HeadOptions {
-            server: "sandboxd",
-            date: "Tue, 14 Nov 2023 22:13:20 GMT",
+            server_and_date: "Server: sandboxd\r\nDate: Tue, 14 Nov 2023 22:13:20 GMT\r\n",
             keep_alive,
             announce_keep_alive: !http11,
             chunked_allowed: http11,

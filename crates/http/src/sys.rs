@@ -75,7 +75,7 @@ impl Epoll {
     /// most its capacity, which is left as is), and how many came is returned (0 on timeout or
     /// interruption).
     pub fn wait(&self, tokens: &mut Vec<u64>, timeout_ms: i32) -> io::Result<usize> {
-        const MOST: usize = 16;
+        const MOST: usize = 64;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; MOST];
         let most = tokens
             .capacity()
@@ -192,6 +192,18 @@ pub fn sendfile(socket: RawFd, file: RawFd, offset: &mut u64, count: usize) -> i
     let sent = check_size(unsafe { libc::sendfile(socket, file, &mut off, count) })?;
     *offset = u64::try_from(off).unwrap_or(*offset);
     Ok(sent)
+}
+
+/// `CLOCK_REALTIME_COARSE`: the wall clock as of the last timer tick (1-4 ms old), read from the
+/// vDSO's data without the hardware counter. `None` if the kernel refuses the clock.
+pub fn realtime_coarse() -> Option<(i64, i64)> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let ret = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    (ret == 0).then_some((ts.tv_sec, ts.tv_nsec))
 }
 
 /// The allocator of the crate's unit tests (and, through [`crate::fuzzing`], of sandboxd's): the

@@ -56,8 +56,7 @@ impl Conn {
         let out = &mut *cx.out;
         out.clear();
         let options = HeadOptions {
-            server: cx.server,
-            date: cx.date,
+            server_and_date: cx.server_and_date,
             keep_alive: !matches!(after, After::Close | After::Linger),
             announce_keep_alive: !exchange.http11,
             chunked_allowed: exchange.http11,

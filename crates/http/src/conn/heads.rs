@@ -84,6 +84,7 @@ impl Conn {
                             status: 408,
                             bytes: 0,
                             duration: cx.limits.header_timeout,
+                            at: cx.wall.at(cx.now),
                         });
                     }
                     Step::Close

@@ -109,9 +109,12 @@ pub(crate) struct Limits {
 pub(crate) struct Context<'a, H> {
     pub handler: &'a H,
     pub limits: &'a Limits,
-    pub server: &'a str,
-    pub date: &'a str,
+    /// The `Server` and `Date` header lines of this run's answers.
+    pub server_and_date: &'a str,
+    /// The run's one reading of the monotonic clock.
     pub now: Instant,
+    /// The worker's wall clock: a log line's time.
+    pub wall: &'a crate::clock::Wall,
     /// The server is draining: every answer closes its connection.
     pub stopping: bool,
     /// Worker scratch space for request heads and bodies.
@@ -281,12 +284,16 @@ fn log<H: Handler>(cx: &Context<'_, H>, exchange: &Exchange, status: u16, bytes:
         .as_ref()
         .map_or(("-", "-"), |h| (h.method(), h.target()));
     cx.logged.set(true);
+    // The request's one reading of the clock besides its run's: the end, for both the
+    // duration and the line's time.
+    let end = Instant::now();
     cx.handler.log(&Record {
         method,
         target,
         status,
         bytes,
-        duration: exchange.started.elapsed(),
+        duration: end.saturating_duration_since(exchange.started),
+        at: cx.wall.at(end),
     });
 }
 

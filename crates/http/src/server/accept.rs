@@ -22,7 +22,7 @@ pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 const SHED_WAIT: Duration = Duration::from_millis(2);
 
 impl<H: Handler> Shared<H> {
-    pub(super) fn accept(&self, worker: &mut Worker) {
+    pub(super) fn accept(&self, worker: &mut Worker, now: Instant) {
         let accepted = {
             let listener = lock(&self.listener);
             let Some(listener) = listener.as_ref() else {
@@ -42,11 +42,11 @@ impl<H: Handler> Shared<H> {
                 let _ = socket.set_nodelay(true);
                 let connection = Connection {
                     socket,
-                    conn: Conn::new(Instant::now() + self.limits.header_timeout),
+                    conn: Conn::new(now + self.limits.header_timeout),
                     registered: false,
                 };
                 let token = lock(&self.slots).reserve();
-                self.drive(token, connection, worker);
+                self.drive(token, connection, worker, now);
             }
             Err(e) if is_transient(&e) => {}
             Err(e) => {

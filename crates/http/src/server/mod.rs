@@ -58,7 +58,7 @@ const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
 const FIRST_SLOT: u64 = 2;
 /// Most events a worker takes from the epoll at once.
-const BATCH: usize = 8;
+const BATCH: usize = 32;
 /// Readable, one-shot, for the listener and the wake-up eventfd.
 const WANT_IN: u32 = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
 /// A worker's stack: what handlers need, with room for deflate's state (sandboxd's gzip

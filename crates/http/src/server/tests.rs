@@ -11,8 +11,9 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::sys::counting;
 use crate::{Action, Config, Error, Handler, Head, Record, Response, ResponseBody};
@@ -146,6 +147,97 @@ fn events_taken_by_a_worker_that_blocks_are_handed_to_another() {
         );
         assert!(read_answer(&mut blocking).starts_with("HTTP/1.1 204"));
     }
+}
+
+/// How long `/sleep` holds its worker.
+const SLEEP: Duration = Duration::from_millis(300);
+
+/// `/sleep`: sleeps in the handler, then 204; anything else: 204 at once. Keeps every log
+/// record's target, duration and time.
+#[derive(Default)]
+struct Timed {
+    records: Mutex<Vec<(String, Duration, SystemTime)>>,
+}
+
+impl Handler for &'static Timed {
+    fn begin(&self, head: &Head) -> Action {
+        if head.path() == "/sleep" {
+            thread::sleep(SLEEP);
+        }
+        Action::Respond(Response::empty(204))
+    }
+
+    fn refused(&self, _head: Option<&Head>, error: &Error) -> Response {
+        Response::empty(error.status())
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        let mut records = self.records.lock().unwrap();
+        records.push((record.target.to_string(), record.duration, record.at));
+    }
+
+    fn notice(&self, _message: std::fmt::Arguments<'_>) {}
+}
+
+impl Timed {
+    /// The duration and time logged for `target`, once it is.
+    fn logged(&self, target: &str) -> (Duration, SystemTime) {
+        for _ in 0..500 {
+            let records = self.records.lock().unwrap();
+            if let Some((_, took, at)) = records.iter().find(|(t, _, _)| t == target) {
+                return (*took, *at);
+            }
+            drop(records);
+            thread::sleep(Duration::from_millis(10));
+        }
+        panic!("{target} was not logged");
+    }
+}
+
+#[test]
+fn a_log_records_time_and_duration_are_its_own_when_runs_before_it_took_long() {
+    // One worker: what reaches it while it sleeps waits for it, in its next batch.
+    let handler: &'static Timed = Box::leak(Box::default());
+    let addr = serve(1, 1, handler);
+    let (mut first, mut long, mut quick) = (keep_alive(addr), keep_alive(addr), keep_alive(addr));
+    let sent = SystemTime::now();
+    first
+        .write_all(b"GET /sleep HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    thread::sleep(SLEEP / 3);
+    long.write_all(b"GET /sleep?second HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    thread::sleep(Duration::from_millis(5));
+    quick
+        .write_all(b"GET /quick HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    for socket in [&mut first, &mut long, &mut quick] {
+        assert!(read_answer(socket).starts_with("HTTP/1.1 204"));
+    }
+    let answered = SystemTime::now();
+
+    // Each request's time is the wall clock at its end, its duration its own run's.
+    let (first_took, first_at) = handler.logged("/sleep");
+    let (long_took, long_at) = handler.logged("/sleep?second");
+    let (quick_took, quick_at) = handler.logged("/quick");
+    for took in [first_took, long_took] {
+        assert!(took >= SLEEP && took < 2 * SLEEP, "{took:?}");
+    }
+    assert!(
+        quick_took < SLEEP / 3,
+        "the quick request counts the wait behind the others: {quick_took:?}"
+    );
+    // One worker: each waited for the runs before it, which its own time and duration show
+    // (the order of the two behind `first` is the epoll's).
+    assert!(
+        first_at >= sent + SLEEP && long_at >= first_at + SLEEP && quick_at >= first_at,
+        "times early: {first_at:?} {long_at:?} {quick_at:?}, sent {sent:?}"
+    );
+    let slack = Duration::from_millis(50);
+    assert!(
+        long_at.max(quick_at) <= answered + slack,
+        "{long_at:?}, {quick_at:?} after the answers came at {answered:?}"
+    );
 }
 
 thread_local! {

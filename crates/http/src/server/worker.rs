@@ -15,6 +15,7 @@ use std::time::Instant;
 use super::accept::ACCEPT_BACKOFF;
 use super::wakeups::Dispatch;
 use super::{lock, Connection, Shared, BATCH, LISTENER, WAKE, WANT_IN};
+use crate::clock::Wall;
 use crate::conn::{Context, Io, Next, Wait};
 use crate::date::DateCache;
 use crate::handler::Handler;
@@ -31,6 +32,7 @@ pub(super) struct Worker {
     scratch: Vec<u8>,
     out: Vec<u8>,
     date: DateCache,
+    wall: Wall,
     spare: Option<Box<crate::conn::Reading>>,
     /// Connections this worker parked still ready (a turn's end), run again after its next
     /// look at the epoll: no other thread is woken for them.
@@ -44,7 +46,8 @@ impl<H: Handler> Shared<H> {
         let mut worker = Worker {
             scratch: vec![0; SCRATCH_BYTES],
             out: Vec::with_capacity(OUT_BYTES),
-            date: DateCache::new(),
+            date: DateCache::new(&self.config.server_header),
+            wall: Wall::new(),
             spare: None,
             again: Vec::with_capacity(BATCH),
             logged: Cell::new(false),
@@ -89,6 +92,9 @@ impl<H: Handler> Shared<H> {
             // run again last; while it is stuck in one, the timekeeper hands the rest to others
             // (`hand_over_batch`). The batch is kept in reverse order.
             {
+                // A connection to run again that the epoll reported too is run once, in the
+                // epoll's order.
+                worker.again.retain(|token| !waited.contains(token));
                 let mut batch = lock(&self.batches[index]);
                 batch.extend(worker.again.drain(..).rev());
                 batch.extend(waited.drain(..).rev());
@@ -109,28 +115,33 @@ impl<H: Handler> Shared<H> {
 
     /// Runs one event, `holding` others (taken, not yet run).
     fn run_one(&self, index: usize, token: u64, holding: bool, worker: &mut Worker) {
-        if self.pool.run_started(index, holding) {
+        // A connection is taken from its slot before the run counts as under way: an event
+        // for one that another worker is running only marks its slot, and is no run (counted,
+        // it made a lone download's run look like one of two under way, and watched).
+        let connection = match token {
+            LISTENER => None,
+            WAKE => match self.wakeups.pop(&self.epoll) {
+                Some(Dispatch::Wake(token)) => match lock(&self.slots).take(token) {
+                    Some(connection) => Some((token, connection)),
+                    None => return,
+                },
+                Some(Dispatch::Run(token, connection)) => Some((token, *connection)),
+                None => return,
+            },
+            token => match lock(&self.slots).take(token) {
+                Some(connection) => Some((token, connection)),
+                None => return,
+            },
+        };
+        // The run's one reading of the clock, for the watch and for the connection's run.
+        let now = Instant::now();
+        if self.pool.run_started(index, holding, now) {
             let _guard = lock(&self.timekeeper_lock);
             self.timekeeper.notify_all();
         }
-        match token {
-            LISTENER => self.accept(worker),
-            WAKE => match self.wakeups.pop(&self.epoll) {
-                Some(Dispatch::Wake(token)) => {
-                    let connection = lock(&self.slots).take(token);
-                    if let Some(connection) = connection {
-                        self.drive(token, connection, worker);
-                    }
-                }
-                Some(Dispatch::Run(token, connection)) => self.drive(token, *connection, worker),
-                None => {}
-            },
-            token => {
-                let connection = lock(&self.slots).take(token);
-                if let Some(connection) = connection {
-                    self.drive(token, connection, worker);
-                }
-            }
+        match connection {
+            Some((token, connection)) => self.drive(token, connection, worker, now),
+            None => self.accept(worker, now),
         }
         self.pool.run_ended(index);
     }
@@ -159,21 +170,29 @@ impl<H: Handler> Shared<H> {
         }
     }
 
-    /// Runs a connection until it must wait, then parks it (or closes it).
-    pub(super) fn drive(&self, token: u64, mut connection: Connection, worker: &mut Worker) {
+    /// Runs a connection until it must wait, then parks it (or closes it). `now`: the clock
+    /// read as the run started.
+    pub(super) fn drive(
+        &self,
+        token: u64,
+        mut connection: Connection,
+        worker: &mut Worker,
+        now: Instant,
+    ) {
         let wakeups = &self.wakeups;
         let make_waker = || -> Waker {
             let wakeups = Arc::clone(wakeups);
             Box::new(move || wakeups.push(Dispatch::Wake(token)))
         };
+        let mut now = Some(now);
         loop {
-            let now = Instant::now();
+            let now = now.take().unwrap_or_else(Instant::now);
             let mut cx = Context {
                 handler: &self.handler,
                 limits: &self.limits,
-                server: &self.config.server_header,
-                date: worker.date.now(),
+                server_and_date: worker.date.at(worker.wall.at(now)),
                 now,
+                wall: &worker.wall,
                 stopping: self.stopping.load(Ordering::Relaxed),
                 scratch: &mut worker.scratch,
                 out: &mut worker.out,
