@@ -54,7 +54,7 @@ BENCH_RESULTS := $(CURDIR)/target/bench/results.tsv
 bench: build
 	@mkdir -p $(dir $(BENCH_RESULTS)) && : > $(BENCH_RESULTS)
 	@for script in scripts/bench/*; do \
-	  if [ -x "$$script" ]; then echo "== $$script"; BENCH_RESULTS=$(BENCH_RESULTS) "$$script" || exit 1; fi; \
+	  if [ -f "$$script" ] && [ -x "$$script" ]; then echo "== $$script"; BENCH_RESULTS=$(BENCH_RESULTS) "$$script" || exit 1; fi; \
 	done
 	@scripts/bench-table $(BENCH_RESULTS) | tee $(dir $(BENCH_RESULTS))summary.md
 
