@@ -4,49 +4,124 @@
 //! sandboxd's lines carry no severity of their own: every line is `"level":"info"`, the
 //! message says what happened. A request's line adds its fields beside the message.
 
-use std::io::Write;
-
 use super::RequestFields;
+use crate::http::digits::push_u64;
 
-/// Appends `{"level":"info","timestamp":...,"message":...}` (and a request's fields) to `out`.
-pub(super) fn write_line(
-    out: &mut Vec<u8>,
-    timestamp: &[u8],
-    message: &str,
-    request: Option<&RequestFields>,
-    operation: Option<u64>,
-) {
-    out.extend_from_slice(b"{\"level\":\"info\",\"timestamp\":\"");
-    out.extend_from_slice(timestamp);
-    out.extend_from_slice(b"\",\"message\":");
+/// Appends `{"level":"info","timestamp":...,"message":...}` to `out`.
+pub(super) fn write_line(out: &mut Vec<u8>, timestamp: &[u8], message: &str) {
+    open(out, timestamp);
     string(out, message);
-    if let Some(request) = request {
-        out.extend_from_slice(b",\"method\":");
-        string(out, request.method);
-        out.extend_from_slice(b",\"path\":");
-        string(out, request.target);
-        // Writing into a Vec cannot fail.
-        let _ = write!(
-            out,
-            ",\"status\":{},\"bytes\":{},\"duration_us\":{}",
-            request.status, request.bytes, request.micros
-        );
-    }
-    if let Some(operation) = operation {
-        let _ = write!(out, ",\"operation_id\":\"{operation}\"");
-    }
     out.push(b'}');
 }
 
-/// A JSON string: quotes, backslashes and control characters escaped.
+/// Appends a request's line: its message (the text form's `METHOD TARGET STATUS BYTES
+/// MICROSus`), its fields and its operation, without `core::fmt` (one per request).
+pub(super) fn write_request_line(
+    out: &mut Vec<u8>,
+    timestamp: &[u8],
+    request: &RequestFields,
+    operation: u64,
+) {
+    let micros = u64::try_from(request.micros).unwrap_or(u64::MAX);
+    open(out, timestamp);
+    out.push(b'"');
+    escaped(out, request.method);
+    out.push(b' ');
+    escaped(out, request.target);
+    out.push(b' ');
+    push_u64(out, u64::from(request.status));
+    out.push(b' ');
+    push_u64(out, request.bytes);
+    out.push(b' ');
+    push_u64(out, micros);
+    out.extend_from_slice(b"us\",\"method\":");
+    string(out, request.method);
+    out.extend_from_slice(b",\"path\":");
+    string(out, request.target);
+    out.extend_from_slice(b",\"status\":");
+    push_u64(out, u64::from(request.status));
+    out.extend_from_slice(b",\"bytes\":");
+    push_u64(out, request.bytes);
+    out.extend_from_slice(b",\"duration_us\":");
+    push_u64(out, micros);
+    out.extend_from_slice(b",\"operation_id\":\"");
+    push_u64(out, operation);
+    out.extend_from_slice(b"\"}");
+}
+
+/// `{"level":"info","timestamp":"...","message":`
+fn open(out: &mut Vec<u8>, timestamp: &[u8]) {
+    out.extend_from_slice(b"{\"level\":\"info\",\"timestamp\":\"");
+    out.extend_from_slice(timestamp);
+    out.extend_from_slice(b"\",\"message\":");
+}
+
+/// A JSON string: `text` quoted and escaped.
 fn string(out: &mut Vec<u8>, text: &str) {
-    // Writing into a Vec cannot fail, and a str always serializes.
-    let _ = serde_json::to_writer(&mut *out, text);
+    out.push(b'"');
+    escaped(out, text);
+    out.push(b'"');
+}
+
+/// `text` escaped as inside a JSON string, as serde_json escapes it: `"` and `\\`, the short
+/// forms of five control characters, `\u00XX` for the others; everything else as it is.
+fn escaped(out: &mut Vec<u8>, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = text.as_bytes();
+    let mut run = 0;
+    for (at, &byte) in bytes.iter().enumerate() {
+        let short = match byte {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0x08 => b'b',
+            0x0c => b'f',
+            0..=0x1f => 0,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run..at]);
+        run = at + 1;
+        if short == 0 {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0xf)]);
+        } else {
+            out.push(b'\\');
+            out.push(short);
+        }
+    }
+    out.extend_from_slice(&bytes[run..]);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        let mut every_ascii = String::new();
+        for byte in 0u8..0x80 {
+            every_ascii.push(char::from(byte));
+        }
+        for text in [
+            every_ascii.as_str(),
+            "",
+            "plain",
+            "é ✓ \u{10ffff}",
+            "\"\\\"",
+            "a\u{7f}b",
+        ] {
+            let mut out = Vec::new();
+            string(&mut out, text);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(text).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_plain_line_is_level_timestamp_and_message() {
@@ -55,8 +130,6 @@ mod tests {
             &mut out,
             b"2023-11-14T22:13:20.123Z",
             "said \"hi\"\n\tthere\u{1}",
-            None,
-            None,
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
@@ -75,13 +148,7 @@ mod tests {
             micros: 345,
             at: std::time::UNIX_EPOCH,
         };
-        write_line(
-            &mut out,
-            b"T",
-            "GET /files?path=a%22b 200 12 345us",
-            Some(&fields),
-            Some(7),
-        );
+        write_request_line(&mut out, b"T", &fields, 7);
         let parsed: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             parsed,

@@ -15,7 +15,6 @@ mod json;
 
 use std::cell::RefCell;
 use std::fmt;
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
@@ -137,18 +136,6 @@ enum Message<'a> {
 }
 
 impl Message<'_> {
-    /// The message as text (the JSON form's `message`).
-    fn write_text(&self, text: &mut String) {
-        let _ = match self {
-            Message::Text(message) => fmt::write(text, *message),
-            Message::Request(r) => write!(
-                text,
-                "{} {} {} {} {}us",
-                r.method, r.target, r.status, r.bytes, r.micros
-            ),
-        };
-    }
-
     /// The message straight into the line, without `core::fmt` for a request's.
     fn write_bytes(&self, line: &mut Vec<u8>) {
         match self {
@@ -198,15 +185,20 @@ fn emit(message: Message, exported: bool) {
         } = &mut *buffers;
         line.clear();
         if json_on_stderr || exporting {
-            // The message alone, to be escaped into the JSON object.
-            text.clear();
-            message.write_text(text);
-            let operation = request
-                .is_some()
-                .then(|| OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1);
             stamp.clear();
             write_timestamp(stamp, second, now);
-            json::write_line(line, stamp, text, request, operation);
+            match &message {
+                Message::Request(fields) => {
+                    let operation = OPERATIONS.fetch_add(1, Ordering::Relaxed) + 1;
+                    json::write_request_line(line, stamp, fields, operation);
+                }
+                Message::Text(args) => {
+                    // The message alone, to be escaped into the JSON object.
+                    text.clear();
+                    let _ = fmt::write(text, *args);
+                    json::write_line(line, stamp, text);
+                }
+            }
             if exporting {
                 export::push(line);
             }
