@@ -99,10 +99,11 @@ wait_ready() {
 
 # start_sandboxd [LOG] [ARGS...] : starts sandboxd on a free 127.0.0.1 port with a fresh random
 # token (in the environment, as in production) and waits for /health 204. Its stderr (one line
-# per request) goes to LOG, /dev/null by default, so logging costs no disk I/O in a benchmark.
+# per request) goes to LOG, a new file in BENCH_TMP by default: a daemon logs to a file (or a
+# journal) in production, and a benchmark pays what production pays.
 # Sets SANDBOXD_PID, SANDBOXD_PORT, SANDBOXD_TOKEN. --drain-timeout 2 keeps the cleanup short.
 start_sandboxd() {
-    local log=${1:-/dev/null}
+    local log=${1:-$(mktemp "$BENCH_TMP/sandboxd.XXXXXX.log")}
     shift || true
     need_sandboxd
     SANDBOXD_TOKEN=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')
