@@ -22,19 +22,10 @@ pub(super) fn write_request_line(
     request: &RequestFields,
     operation: u64,
 ) {
-    let micros = u64::try_from(request.micros).unwrap_or(u64::MAX);
     open(out, timestamp);
     out.push(b'"');
-    escaped(out, request.method);
-    out.push(b' ');
-    escaped(out, request.target);
-    out.push(b' ');
-    push_u64(out, u64::from(request.status));
-    out.push(b' ');
-    push_u64(out, request.bytes);
-    out.push(b' ');
-    push_u64(out, micros);
-    out.extend_from_slice(b"us\",\"method\":");
+    request.write_message(out, escaped);
+    out.extend_from_slice(b"\",\"method\":");
     string(out, request.method);
     out.extend_from_slice(b",\"path\":");
     string(out, request.target);
@@ -43,7 +34,7 @@ pub(super) fn write_request_line(
     out.extend_from_slice(b",\"bytes\":");
     push_u64(out, request.bytes);
     out.extend_from_slice(b",\"duration_us\":");
-    push_u64(out, micros);
+    push_u64(out, request.micros);
     out.extend_from_slice(b",\"operation_id\":\"");
     push_u64(out, operation);
     out.extend_from_slice(b"\"}");

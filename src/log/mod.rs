@@ -51,7 +51,7 @@ pub(crate) struct RequestFields<'a> {
     target: &'a str,
     status: u16,
     bytes: u64,
-    micros: u128,
+    micros: u64,
     /// When the request ended.
     at: SystemTime,
 }
@@ -113,7 +113,7 @@ pub fn request(
         target: &target,
         status,
         bytes,
-        micros: took.as_micros(),
+        micros: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
         at,
     };
     emit(Message::Request(fields), true);
@@ -142,19 +142,28 @@ impl Message<'_> {
             Message::Text(message) => {
                 let _ = line.write_fmt(*message);
             }
-            Message::Request(r) => {
-                line.extend_from_slice(r.method.as_bytes());
-                line.push(b' ');
-                line.extend_from_slice(r.target.as_bytes());
-                line.push(b' ');
-                push_u64(line, u64::from(r.status));
-                line.push(b' ');
-                push_u64(line, r.bytes);
-                line.push(b' ');
-                push_u64(line, u64::try_from(r.micros).unwrap_or(u64::MAX));
-                line.extend_from_slice(b"us");
-            }
+            Message::Request(r) => r.write_message(line, |line, text| {
+                line.extend_from_slice(text.as_bytes());
+            }),
         }
+    }
+}
+
+impl RequestFields<'_> {
+    /// A request's message, `METHOD TARGET STATUS BYTES MICROSus` (the text form's line and
+    /// the JSON form's `message`), its method and target written by `text` (as they are, or
+    /// escaped).
+    fn write_message(&self, out: &mut Vec<u8>, text: fn(&mut Vec<u8>, &str)) {
+        text(out, self.method);
+        out.push(b' ');
+        text(out, self.target);
+        out.push(b' ');
+        push_u64(out, u64::from(self.status));
+        out.push(b' ');
+        push_u64(out, self.bytes);
+        out.push(b' ');
+        push_u64(out, self.micros);
+        out.extend_from_slice(b"us");
     }
 }
 
