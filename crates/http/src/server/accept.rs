@@ -29,6 +29,11 @@ impl<H: Handler> Shared<H> {
                 return;
             };
             let accepted = sys::accept_nonblocking(listener);
+            // Counted while the listener is held: once `pause_accepting` has taken it, every
+            // connection accepted before is counted until its first run ends.
+            if accepted.is_ok() {
+                self.first_runs.fetch_add(1, Ordering::SeqCst);
+            }
             // Re-armed at once unless accepting itself failed (then: below).
             if accepted.as_ref().map_or_else(is_transient, |_| true) {
                 let _ = self.epoll.modify(listener.as_raw_fd(), LISTENER, WANT_IN);
@@ -47,6 +52,7 @@ impl<H: Handler> Shared<H> {
                 };
                 let token = lock(&self.slots).reserve();
                 self.drive(token, connection, worker, now);
+                self.first_runs.fetch_sub(1, Ordering::SeqCst);
             }
             Err(e) if is_transient(&e) => {}
             Err(e) => {

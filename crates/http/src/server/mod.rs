@@ -137,6 +137,7 @@ pub fn start<H: Handler>(
         wakeups,
         stopping: AtomicBool::new(false),
         in_flight: Arc::new(AtomicUsize::new(0)),
+        first_runs: AtomicUsize::new(0),
         timekeeper: Condvar::new(),
         timekeeper_lock: Mutex::new(()),
         pool: Pool::new(config.workers, config.waiting_workers),
@@ -208,7 +209,8 @@ impl<H: Handler> Server<H> {
     /// sent on an idle keep-alive connection at that very moment. True if reached.
     pub fn wait_quiet(&self, requests: usize, timeout: Duration) -> bool {
         self.wait_until(timeout, || {
-            self.shared.in_flight.load(Ordering::SeqCst) <= requests
+            self.shared.first_runs.load(Ordering::SeqCst) == 0
+                && self.shared.in_flight.load(Ordering::SeqCst) <= requests
                 && !lock(&self.shared.slots).any_awaiting_head()
         })
     }
@@ -237,6 +239,9 @@ struct Shared<H> {
     wakeups: Arc<Wakeups>,
     stopping: AtomicBool,
     in_flight: Arc<AtomicUsize>,
+    /// Connections accepted whose first run has not ended: neither parked (seen by
+    /// [`Server::wait_quiet`] in the slots) nor yet holding a request (`in_flight`).
+    first_runs: AtomicUsize,
     timekeeper: Condvar,
     timekeeper_lock: Mutex<()>,
     pool: Pool,
