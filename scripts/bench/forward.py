@@ -8,7 +8,7 @@ SOCAT_IP, as envd starts it. The byte sink runs in a process of its own (no shar
 sender). Every figure is printed and, for `make bench`, given to
 bench_row. Stdlib only.
 """
-import json, multiprocessing, random, os, socket, statistics, subprocess, sys, threading, time
+import json, multiprocessing, random, os, resource, socket, statistics, subprocess, sys, threading, time
 
 from benchrow import bench_row
 from forwardlib import wait_forwarded
@@ -149,13 +149,24 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(ip, port, results):
+def thread_cpu():
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
+def throughput(ip, port, results, sender_cpu=None):
+    """GIB bytes sent to ip:port in 1 MiB sends, read by the sink: MB/s. `sender_cpu`, a list,
+    gets this thread's CPU seconds for the sends (a lone sender's cost: the copy from user
+    space, TCP's send path and loopback's delivery to the sink in its softirq)."""
     chunk = memoryview(bytearray(1 << 20))
+    cpu = thread_cpu()
     t = time.perf_counter()
     with socket.create_connection((ip, port)) as s:
         for _ in range(GIB >> 20):
             s.sendall(chunk)
         s.shutdown(socket.SHUT_WR)
+        if sender_cpu is not None:
+            sender_cpu.append(thread_cpu() - cpu)
         s.recv(1)
     total = 0
     while total == 0:  # the probes that waited for the forward and socat were empty connections
@@ -435,8 +446,9 @@ def main():
     ratios = {name: [] for name, _, _ in daemons + [("socat", None, None)]}
     cpu = {name: [] for name, _, _ in daemons}
     calls = {name: [] for name, _, _ in daemons}
+    sender = []
     for _ in range(ROUNDS):
-        direct = throughput("127.0.0.1", port, results)
+        direct = throughput("127.0.0.1", port, results, sender)
         for name, ip, pid in daemons:
             before, counting = cpu_seconds(pid), count_syscalls(pid)
             ratios[name].append(throughput(ip, port, results) / direct)
@@ -465,6 +477,14 @@ def main():
         print(f"{GIB >> 20} MiB one way, {ROUNDS} interleaved rounds, {name}: {r} × direct "
               f"(socat {spread(ratios['socat'])} ×); the daemon's CPU {c} s per GiB ({excl}), "
               f"system calls {n} per GiB")
+    # The floor of a hop's CPU: what the sender of the direct transfer paid for its one hop.
+    lone = statistics.median(sender) / (GIB / (1 << 30))
+    forwarded = statistics.median(cpu["forward"])
+    print(f"a lone sender's own CPU per GiB (the direct transfer's client, 1 MiB sends, its copy "
+          f"from user space included): {spread([c / (GIB / (1 << 30)) for c in sender])} s; the "
+          f"forwarder's {forwarded:.2f} s is {forwarded / lone:.2f} × it")
+    bench_row("forward: 1 GiB, the daemon's CPU per GiB forwarded (s)", f"{forwarded:.2f}",
+              "a lone sender's CPU (direct)", f"{lone:.2f}", f"{forwarded / lone:.2f}", "-")
     o = statistics.median(ratios["forward"])
     bench_row("forward: 1 GiB through the forward vs direct (ratio, median of rounds)",
               f"{o:.2f}", "direct", "1", f"{o:.2f}", ">=0.75")
