@@ -17,6 +17,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use super::check;
+use super::listing::Listing;
 
 mod entries;
 mod held;
@@ -115,11 +116,6 @@ fn owned(ret: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 const DIR_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_PATH | libc::O_CLOEXEC;
-
-/// The buffer [`Dir::each_name`] reads entries into: about 120 entries of 255-byte names.
-const DIRENT_BUFFER: usize = 32 * 1024;
-/// Where a `getdents64` record's name begins (`struct linux_dirent64`'s `d_name`).
-const DIRENT_NAME_AT: usize = 19;
 
 /// A directory opened to be read (its entries listed, or synced).
 const READ_FLAGS: libc::c_int = libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC;
@@ -355,8 +351,7 @@ impl Dir {
 
     /// Calls `each` with every name in this directory (not `.` or `..`), in the order the
     /// filesystem gives them, holding none: `getdents64` into one buffer of
-    /// [`DIRENT_BUFFER`] bytes (musl's `readdir` reads 2 KiB a call: eight entries of long
-    /// names). Reads through a description of its own, from the start each time.
+    /// [`LISTING_BUFFER`](super::listing::LISTING_BUFFER) bytes. Reads through a description of its own, from the start each time.
     pub fn each_name(&self, mut each: impl FnMut(&[u8])) -> io::Result<()> {
         self.each_entry(|name, _| each(name))
     }
@@ -365,39 +360,16 @@ impl Dir {
     /// (`DT_REG`, `DT_DIR`, ...; `DT_UNKNOWN` where the filesystem does not keep it), which
     /// may be stale by the time the name is used.
     pub fn each_entry(&self, mut each: impl FnMut(&[u8], u8)) -> io::Result<()> {
-        let fd = self.openat(c".", READ_FLAGS, 0)?;
-        let mut buf = vec![0u8; DIRENT_BUFFER];
-        loop {
-            // SAFETY: `fd` is an open directory descriptor; `buf` is a live, writable buffer of
-            // `buf.len()` bytes, of which the kernel writes at most that many.
-            let ret = unsafe {
-                libc::syscall(
-                    libc::SYS_getdents64,
-                    fd.as_raw_fd(),
-                    buf.as_mut_ptr(),
-                    buf.len(),
-                )
-            };
-            let filled = usize::try_from(ret).map_err(|_| io::Error::last_os_error())?;
-            if filled == 0 {
-                return Ok(());
-            }
-            let mut records = &buf[..filled.min(buf.len())];
-            // Each record: inode (8 bytes), offset (8), its length (2), type (1), the name and
-            // its NUL, padding.
-            while records.len() >= DIRENT_NAME_AT {
-                let len = usize::from(u16::from_ne_bytes([records[16], records[17]]));
-                if len < DIRENT_NAME_AT || len > records.len() {
-                    return Err(io::Error::from_raw_os_error(libc::EIO));
-                }
-                let name = &records[DIRENT_NAME_AT..len];
-                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-                if name != b"." && name != b".." {
-                    each(name, records[18]);
-                }
-                records = &records[len..];
-            }
+        let mut listing = self.listing()?;
+        while let Some((name, kind)) = listing.next()? {
+            each(name, kind);
         }
+        Ok(())
+    }
+
+    /// A listing of this directory's entries from the start, through a description of its own.
+    pub fn listing(&self) -> io::Result<Listing> {
+        Ok(Listing::new(self.openat(c".", READ_FLAGS, 0)?))
     }
 
     /// This directory itself through `/proc/self/fd` (its extended attributes: an `O_PATH`

@@ -16,6 +16,7 @@ pub mod file;
 pub mod fsfreeze;
 pub mod handover;
 pub mod inotify;
+pub mod listing;
 pub mod madvise;
 pub mod mount;
 pub mod net;

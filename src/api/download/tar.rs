@@ -12,10 +12,11 @@
 //! swapped in does not block) and checked with `fstat` once open, so a link swapped in is never
 //! followed out of the tree. A name the listing says is a file or a directory is opened as one
 //! at once; any other is looked at with `fstatat(AT_SYMLINK_NOFOLLOW)` first (a symlink's
-//! header needs its own `stat`; `DT_UNKNOWN` where a filesystem does not say). Names come in
-//! byte order, so the same tree gives the same archive, a bounded batch at a time
-//! (`walk::SortedNames`: at most [`LEVEL_NAMES`] bytes a directory, [`ARCHIVE_NAMES`] an
-//! archive), so a parked archive of a directory of any width holds little. Members: directories (the top one is not a
+//! header needs its own `stat`; `DT_UNKNOWN` where a filesystem does not say). A directory's
+//! names come in byte order when they fit in [`LEVEL_NAMES`] bytes (the same tree gives the
+//! same archive), else in the directory's own order, as `tar -c` sends them (`walk::DirNames`:
+//! one pass, not one per batch), so a parked archive of a directory of any width holds little
+//! ([`ARCHIVE_NAMES`] at most) and a wide one costs time in proportion to its width. Members: directories (the top one is not a
 //! member: it is the destination's), regular files, symlinks as links; FIFOs, sockets and
 //! devices are skipped, and so is an entry that vanishes or changes kind between the listing
 //! (or its `stat`) and its opening. Hard links are sent as separate files. A member's header says its mode, owner
@@ -49,7 +50,7 @@ use crate::archive::{padding, Kind, BLOCK};
 use crate::fs::as_user::Identity;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
-use crate::fs::walk::{Descent, SortedNames};
+use crate::fs::walk::{Descent, DirNames};
 use crate::http::stream::{self, StreamSender, StreamSource};
 use crate::sys::dir::{Dir, Stat};
 
@@ -68,8 +69,8 @@ const PLAIN_PIECE: usize = 2 * PIECE;
 /// stream recycles.
 const PLAIN_QUEUE: usize = PLAIN_PIECE;
 
-/// The bytes of names one directory of the walk reads at a time ([`SortedNames`]): about 1,900
-/// names of 240 bytes, or 12,000 of 10 (a directory that fits is read once, as a listing was).
+/// The bytes of names of a directory the walk sends in byte order ([`DirNames`]): about 1,900
+/// names of 240 bytes, or 12,000 of 10; a wider one comes in its own order.
 const LEVEL_NAMES: usize = 512 * 1024;
 /// The bytes of names the whole walk holds at most: entering a directory lets go of the
 /// batches of the levels farthest up until the new one fits (they are read again, from where
@@ -97,10 +98,10 @@ pub fn start(
     source
 }
 
-/// One directory of the walk: its names still to visit (in byte order, a batch at a time) and
+/// One directory of the walk: its names still to visit ([`DirNames`]) and
 /// how long the archive path was before its name was added.
 struct Level {
-    names: SortedNames,
+    names: DirNames,
     path_len: usize,
 }
 
@@ -144,7 +145,7 @@ impl TarJob {
         sender: StreamSender,
     ) -> io::Result<TarJob> {
         let top_level = Level {
-            names: SortedNames::new(),
+            names: DirNames::new(),
             path_len: 0,
         };
         Ok(TarJob {
@@ -271,7 +272,7 @@ impl TarJob {
                 let xattrs = attributes(user_metadata::read(&sub.own_proc_path()));
                 self.header(Kind::Dir, &stat, 0, b"", &xattrs);
                 self.make_room();
-                let names = SortedNames::new();
+                let names = DirNames::new();
                 self.descent.push(sub, Level { names, path_len })?;
                 self.path.push(b'/');
             }
