@@ -117,6 +117,23 @@ pub fn accept_nonblocking(listener: &TcpListener) -> io::Result<TcpStream> {
     Ok(unsafe { TcpStream::from_raw_fd(fd) })
 }
 
+/// Sets `TCP_NODELAY` on a listening socket: Linux copies it to every socket accepted from it
+/// (the listener's `tcp_sock` is cloned), so no `setsockopt` is needed per connection.
+pub fn set_listener_nodelay(listener: &TcpListener) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: `one` is a live `c_int` for the call and its size is passed with it.
+    check(unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            std::ptr::addr_of!(one).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
 /// A non-blocking eventfd, used to wake a thread blocked in `epoll_wait`.
 pub fn eventfd() -> io::Result<File> {
     // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
@@ -267,6 +284,22 @@ pub(crate) mod counting {
 mod tests {
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_socket_accepted_from_a_nodelay_listener_has_nodelay() {
+        for address in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(listener) = TcpListener::bind(address) else {
+                continue; // no IPv6 on this machine
+            };
+            let _before = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let plain = super::accept_nonblocking(&listener).unwrap();
+            assert!(!plain.nodelay().unwrap(), "{address}: on before it was set");
+            super::set_listener_nodelay(&listener).unwrap();
+            let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let socket = super::accept_nonblocking(&listener).unwrap();
+            assert!(socket.nodelay().unwrap(), "{address}: not inherited");
+        }
+    }
 
     #[test]
     fn an_accepted_socket_is_non_blocking_and_close_on_exec_from_the_start() {

@@ -43,8 +43,11 @@ impl<H: Handler> Shared<H> {
         match accepted {
             Ok(socket) => {
                 self.accept_error_logged.store(false, Ordering::Relaxed);
-                // Without TCP_NODELAY small answers wait for delayed ACKs (40 ms).
-                let _ = socket.set_nodelay(true);
+                // Without TCP_NODELAY small answers wait for delayed ACKs (40 ms). Set on the
+                // listener, it comes with the socket: no system call here.
+                if !self.nodelay_inherited.load(Ordering::Relaxed) {
+                    let _ = socket.set_nodelay(true);
+                }
                 let connection = Connection {
                     socket,
                     conn: Conn::new(now + self.limits.header_timeout),

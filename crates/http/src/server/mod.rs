@@ -106,6 +106,7 @@ pub fn start<H: Handler>(
     handler: H,
 ) -> io::Result<Server<H>> {
     listener.set_nonblocking(true)?;
+    let nodelay_inherited = sys::set_listener_nodelay(&listener).is_ok();
     let epoll = Epoll::new()?;
     let wakeups = Arc::new(Wakeups {
         queue: Mutex::new(VecDeque::new()),
@@ -138,6 +139,7 @@ pub fn start<H: Handler>(
         stopping: AtomicBool::new(false),
         in_flight: Arc::new(AtomicUsize::new(0)),
         first_runs: AtomicUsize::new(0),
+        nodelay_inherited: AtomicBool::new(nodelay_inherited),
         timekeeper: Condvar::new(),
         timekeeper_lock: Mutex::new(()),
         pool: Pool::new(config.workers, config.waiting_workers),
@@ -187,6 +189,10 @@ impl<H: Handler> Server<H> {
 
     /// Accepts on `listener` again, and answers keep connections open again.
     pub fn resume_accepting(&self, listener: TcpListener) -> io::Result<()> {
+        let nodelay_inherited = sys::set_listener_nodelay(&listener).is_ok();
+        self.shared
+            .nodelay_inherited
+            .store(nodelay_inherited, Ordering::SeqCst);
         self.shared
             .epoll
             .add(listener.as_raw_fd(), LISTENER, WANT_IN)?;
@@ -242,6 +248,8 @@ struct Shared<H> {
     /// Connections accepted whose first run has not ended: neither parked (seen by
     /// [`Server::wait_quiet`] in the slots) nor yet holding a request (`in_flight`).
     first_runs: AtomicUsize,
+    /// `TCP_NODELAY` is set on the listener, so accepted sockets have it already.
+    nodelay_inherited: AtomicBool,
     timekeeper: Condvar,
     timekeeper_lock: Mutex<()>,
     pool: Pool,
