@@ -121,6 +121,7 @@ pub fn accept_nonblocking(listener: &TcpListener) -> io::Result<TcpStream> {
 /// (the listener's `tcp_sock` is cloned), so no `setsockopt` is needed per connection.
 pub fn set_listener_nodelay(listener: &TcpListener) -> io::Result<()> {
     let one: libc::c_int = 1;
+    let size = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
     // SAFETY: `one` is a live `c_int` for the call and its size is passed with it.
     check(unsafe {
         libc::setsockopt(
@@ -128,7 +129,7 @@ pub fn set_listener_nodelay(listener: &TcpListener) -> io::Result<()> {
             libc::IPPROTO_TCP,
             libc::TCP_NODELAY,
             std::ptr::addr_of!(one).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size,
         )
     })?;
     Ok(())
