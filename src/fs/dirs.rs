@@ -113,7 +113,7 @@ fn set_up(parent: &Dir, name: &OsStr, uid: u32, gid: u32) -> Result<Dir, Made> {
         return Err(Made::Replaced);
     }
     let held = Dir::from(dir);
-    if !held.names().map_err(Made::Failed)?.is_empty() {
+    if !held.is_empty().map_err(Made::Failed)? {
         return Err(Made::Replaced);
     }
     held.set_mode_and_owner(DIR_MODE, uid, gid)

@@ -106,25 +106,29 @@ fn is_gone(pid: u32, start: u64) -> bool {
 /// named like sandboxd's temporaries whose process is gone (by name in that very directory,
 /// never following a symlink; a directory with what it holds, `walk::remove_all`, without
 /// recursion). Best effort: errors are ignored
-/// (a leftover only wastes space). Reads the whole directory: requests never call it, only the
-/// sweeper thread ([`sweep_once`]) and tests.
+/// (a leftover only wastes space). Reads the whole directory, a listing buffer at a time,
+/// holding no name but the one it looks at (a directory a user made of a million names costs
+/// time, not memory): requests never call it, only the sweeper thread ([`sweep_once`]) and
+/// tests. (A name removed while the directory is listed moves no other: listings go by the
+/// filesystem's stable cookies.)
 pub fn remove_stale(dir: &Dir) {
     if me().is_none() {
         // Without /proc nothing can be judged stale: do not read the directory for nothing.
         return;
     }
-    let Ok(names) = dir.names() else {
+    let Ok(mut listing) = dir.listing() else {
         return;
     };
-    for name in names {
-        let Some((pid, start)) = parse_temp_name(&name) else {
+    while let Ok(Some((name, _))) = listing.next() {
+        let name = OsStr::from_bytes(name);
+        let Some((pid, start)) = parse_temp_name(name) else {
             continue;
         };
-        let Ok(stat) = dir.stat_at(&name, false) else {
+        let Ok(stat) = dir.stat_at(name, false) else {
             continue;
         };
         if (stat.is_file() || stat.is_dir()) && is_gone(pid, start) {
-            let _ = crate::fs::walk::remove_all(dir, &name);
+            let _ = crate::fs::walk::remove_all(dir, name);
         }
     }
 }
@@ -348,6 +352,29 @@ mod tests {
             dir.path().join(&live_tree).join("sub/f").exists(),
             "a link was not followed"
         );
+    }
+
+    /// Removed while the directory is listed, several listing buffers of them: each stale one
+    /// goes, and each other name stays.
+    #[test]
+    fn stale_temporaries_among_many_names_all_go_in_one_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let long = "n".repeat(150);
+        for i in 0..1500 {
+            let stale = temp_name(OsStr::new(&format!("{i}{long}")), dead, 5, 0);
+            fs::write(dir.path().join(stale), b"x").unwrap();
+            fs::write(dir.path().join(format!("keep{i}{long}")), b"x").unwrap();
+        }
+        remove_stale(&Dir::open(dir.path()).unwrap());
+        let left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left.len(), 1500, "{} left", left.len());
+        assert!(left.iter().all(|name| name.starts_with("keep")));
     }
 
     #[test]

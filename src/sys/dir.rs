@@ -367,6 +367,12 @@ impl Dir {
         Ok(())
     }
 
+    /// Whether this directory has no entry but `.` and `..`: one buffer of its listing read,
+    /// however many it holds.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.listing()?.next()?.is_none())
+    }
+
     /// A listing of this directory's entries from the start, through a description of its own.
     pub fn listing(&self) -> io::Result<Listing> {
         Ok(Listing::new(self.openat(c".", READ_FLAGS, 0)?))
@@ -515,6 +521,8 @@ mod tests {
             dir.stat().unwrap()
         );
         assert!(dir.names().unwrap().len() == 3, "a Dir can be listed again");
+        assert!(!dir.is_empty().unwrap());
+        assert!(sub.is_empty().unwrap(), "b was renamed away");
     }
 
     #[test]

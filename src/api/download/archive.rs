@@ -106,8 +106,9 @@ pub fn respond(
 fn open_dir(path: &Path) -> Result<Dir, ApiError> {
     match Dir::open(path) {
         Ok(dir) => {
-            // Listing needs read permission: refused here rather than cutting the stream.
-            dir.names().map_err(|e| open_error(e, path))?;
+            // Listing needs read permission: refused here rather than cutting the stream (one
+            // buffer of it read, not the whole directory).
+            dir.is_empty().map_err(|e| open_error(e, path))?;
             Ok(dir)
         }
         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) && path.exists() => Err(

@@ -25,9 +25,8 @@ pub(super) fn make_private_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
     dir.mkdir(name, 0o700)?;
     let made = dir.open_dir(name, false)?;
     let stat = made.stat()?;
-    let ours = stat.uid == crate::sys::creds::fsuid()
-        && stat.mode & 0o777 == 0o700
-        && made.names()?.is_empty();
+    let ours =
+        stat.uid == crate::sys::creds::fsuid() && stat.mode & 0o777 == 0o700 && made.is_empty()?;
     if !ours {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
