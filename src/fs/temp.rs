@@ -314,14 +314,19 @@ mod tests {
         assert_eq!(parse_stat("no parenthesis"), None);
     }
 
+    /// The pid of a child that has exited and been reaped: free.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        dead
+    }
+
     #[test]
     fn stale_temporaries_are_removed_and_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let (pid, start) = me().expect("/proc is mounted here");
-        // A child that has exited and been reaped: its pid is free.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
+        let dead = dead_pid();
         let files = [
             (temp_name(OsStr::new("a"), dead, 5, 0), false),
             (temp_name(OsStr::new("b"), pid, start + 1, 0), false),
@@ -359,9 +364,7 @@ mod tests {
     #[test]
     fn stale_temporaries_among_many_names_all_go_in_one_listing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
+        let dead = dead_pid();
         let long = "n".repeat(150);
         for i in 0..1500 {
             let stale = temp_name(OsStr::new(&format!("{i}{long}")), dead, 5, 0);
@@ -419,9 +422,7 @@ mod tests {
     #[test]
     fn the_sweeper_removes_stale_temporaries_once_per_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
+        let dead = dead_pid();
         let stale = dir.path().join(temp_name(OsStr::new("a"), dead, 5, 0));
         fs::write(&stale, b"x").unwrap();
         let held = Dir::open(dir.path()).unwrap();
