@@ -63,6 +63,13 @@ impl<T> Descent<T> {
         Some((dir, &mut level.state))
     }
 
+    /// The state of the deepest level whose descriptor is closed ([`KEEP_OPEN`] above the
+    /// current one): a state that holds descriptors of its own lets them go there too.
+    pub fn closed_state_mut(&mut self) -> Option<&mut T> {
+        let far = self.levels.len().checked_sub(KEEP_OPEN + 1)?;
+        Some(&mut self.levels[far].state)
+    }
+
     /// Every level's state, from the top down.
     pub fn states_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.levels.iter_mut().map(|level| &mut level.state)
@@ -278,30 +285,41 @@ fn remove_tree(parent: &Dir, name: &OsStr, expected: Option<(u64, u64)>) -> io::
     if expected.is_some_and(|id| top.stat().map(|stat| stat.id()).ok() != Some(id)) {
         return Err(replaced());
     }
-    let names = top.names()?;
-    let mut descent = Descent::new(top, (name.to_os_string(), names))?;
-    while let Some((dir, (_, names))) = descent.current() {
+    // Each level's entries come from a listing read a buffer at a time while they are removed
+    // (a name removed moves no other: listings go by the filesystem's stable cookies), so a
+    // directory of a million names costs no more memory than one of ten. A level KEEP_OPEN
+    // above the current one lets its listing go with its descriptor, and lists what is left
+    // afresh when the walk comes back to it: what was removed is gone from that listing.
+    let mut descent = Descent::new(top, (name.to_os_string(), None::<Listing>))?;
+    while let Some((dir, (_, listing))) = descent.current() {
+        let listing = match listing {
+            Some(listing) => listing,
+            None => listing.insert(dir.listing()?),
+        };
         let mut child = None;
-        while let Some(entry) = names.pop() {
-            let found = match dir.stat_at(&entry, false) {
-                Ok(stat) if stat.is_dir() => dir.open_dir(&entry, false).map(Some),
+        while let Some((entry, _)) = listing.next()? {
+            let entry = OsStr::from_bytes(entry);
+            let found = match dir.stat_at(entry, false) {
+                Ok(stat) if stat.is_dir() => dir.open_dir(entry, false).map(Some),
                 Ok(_) => Ok(None),
                 Err(err) => Err(err),
             };
             match found {
                 Ok(Some(opened)) => {
-                    child = Some((entry, opened));
+                    child = Some((entry.to_os_string(), opened));
                     break;
                 }
-                Ok(None) => gone_is_fine(dir.remove(&entry, false))?,
-                Err(err) if not_a_dir(&err) => gone_is_fine(dir.remove(&entry, false))?,
+                Ok(None) => gone_is_fine(dir.remove(entry, false))?,
+                Err(err) if not_a_dir(&err) => gone_is_fine(dir.remove(entry, false))?,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => return Err(err),
             }
         }
         if let Some((entry, opened)) = child {
-            let names = opened.names()?;
-            descent.push(opened, (entry, names))?;
+            descent.push(opened, (entry, None))?;
+            if let Some((_, far)) = descent.closed_state_mut() {
+                *far = None;
+            }
             continue;
         }
         let (done, _) = descent.pop()?;
@@ -537,6 +555,32 @@ mod tests {
         remove_all(&top, OsStr::new("keep")).unwrap();
         let err = remove_all(&top, OsStr::new("keep")).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// Levels of several listing buffers each, deeper than the descriptors a walk keeps (the
+    /// levels far up let their listing go and list what is left when the walk comes back).
+    #[test]
+    fn remove_all_takes_wide_levels_deeper_than_the_descriptors_it_keeps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = Dir::open(tmp.path()).unwrap();
+        top.mkdir(OsStr::new("t"), 0o755).unwrap();
+        let mut dir = top.open_dir(OsStr::new("t"), false).unwrap();
+        let long = "n".repeat(150);
+        for _ in 0..(KEEP_OPEN + 4) {
+            for i in 0..300 {
+                dir.create_file(OsStr::new(&format!("{i}{long}")), 0o644)
+                    .unwrap();
+            }
+            for side in ["s1", "s2"] {
+                dir.mkdir(OsStr::new(side), 0o755).unwrap();
+                let side = dir.open_dir(OsStr::new(side), false).unwrap();
+                side.create_file(OsStr::new("f"), 0o644).unwrap();
+            }
+            dir.mkdir(OsStr::new("s0"), 0o755).unwrap();
+            dir = dir.open_dir(OsStr::new("s0"), false).unwrap();
+        }
+        remove_all(&top, OsStr::new("t")).unwrap();
+        assert!(!tmp.path().join("t").exists());
     }
 
     #[test]
