@@ -38,6 +38,19 @@ pub fn parse(text: &str) -> Meminfo {
         if slot.is_none() {
             *slot = value_bytes(rest);
         }
+        // All six found (SReclaimable, the last in the kernel's order, is line 23 or so): the
+        // thirty-odd lines after it are not read.
+        let found = [
+            m.mem_total,
+            m.mem_free,
+            m.mem_available,
+            m.buffers,
+            m.cached,
+            m.s_reclaimable,
+        ];
+        if found.iter().all(Option::is_some) {
+            break;
+        }
     }
     m
 }

@@ -3,7 +3,7 @@
 //! Owns SPEC §7's split of the aggregate `cpu` line into busy (user + nice + system + irq +
 //! softirq + steal) and total (busy + idle + iowait), and the count of `cpuN` lines. Guest time is
 //! left out: the kernel already counts it in user and nice. Everything after the CPU lines
-//! (`intr`, `ctxt`, ...) is ignored.
+//! (`intr`, `ctxt`, ...) is not read.
 
 use super::num::parse_u64;
 
@@ -31,6 +31,13 @@ pub fn parse(text: &str) -> Option<ProcStat> {
     let mut cpu = None;
     let mut online: u32 = 0;
     for line in text.lines() {
+        if !line.starts_with("cpu") {
+            // The CPU lines come first: the rest (`intr` alone can be kilobytes) is not read.
+            if cpu.is_some() {
+                break;
+            }
+            continue;
+        }
         let mut tokens = line.split_ascii_whitespace();
         let Some(label) = tokens.next() else { continue };
         let Some(index) = label.strip_prefix("cpu") else {
@@ -143,6 +150,13 @@ cpu 9 9 9 9 9 9 9 9 9 9
         let stat = parse(text).expect("cpu line");
         assert_eq!(stat.cpu, CpuTimes { busy: 2, total: 4 });
         assert_eq!(stat.online, 2);
+    }
+
+    #[test]
+    fn nothing_after_the_cpu_lines_is_read() {
+        let text = "cpu 1 0 1 2 0 0 0 0 0 0\ncpu0 1 0 1 2 0 0 0 0 0 0\nintr 5 0 0\ncpu1 1 0 1 2\n";
+        let stat = parse(text).expect("cpu line");
+        assert_eq!(stat.online, 1, "a cpu line after intr was counted");
     }
 
     #[test]

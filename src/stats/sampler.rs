@@ -354,7 +354,12 @@ fn read_text<'b>(file: &File, buf: &'b mut Vec<u8>) -> io::Result<Cow<'b, str>> 
             Err(e) => return Err(e),
         }
     }
-    Ok(String::from_utf8_lossy(&buf[..len]))
+    // Valid UTF-8 (always, from the kernel) is checked at SIMD speed; only invalid text pays
+    // for the lossy copy.
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(text) => Ok(Cow::Borrowed(text)),
+        Err(_) => Ok(String::from_utf8_lossy(&buf[..len])),
+    }
 }
 
 /// Reads and parses a file; a read error is `None` like a parse failure.
