@@ -180,12 +180,11 @@ impl DirNames {
             self.read_batch(dir, budget)?;
         }
         if let Some(listed) = &mut self.listed {
-            if listed.listing.is_none() {
-                listed.listing = Some(dir.listing()?.resumed_after(listed.after));
-            }
-            let Some(listing) = listed.listing.as_mut() else {
-                return Ok(None);
+            let listing = match listed.listing.take() {
+                Some(listing) => listing,
+                None => dir.listing()?.resumed_after(listed.after)?,
             };
+            let listing = listed.listing.insert(listing);
             let above = listed.above.as_ref().map(|name| name.as_bytes());
             let next = listing.next_kept(|name| above.is_none_or(|above| name > above))?;
             return Ok(next.map(|(name, kind)| (OsStr::from_bytes(name), kind)));

@@ -345,26 +345,11 @@ impl Dir {
     /// Reads through a description of its own, so this `Dir` can be read again.
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         let mut names = Vec::new();
-        self.each_name(|name| names.push(OsString::from_vec(name.to_vec())))?;
-        Ok(names)
-    }
-
-    /// Calls `each` with every name in this directory (not `.` or `..`), in the order the
-    /// filesystem gives them, holding none: `getdents64` into one buffer of
-    /// [`LISTING_BUFFER`](super::listing::LISTING_BUFFER) bytes. Reads through a description of its own, from the start each time.
-    pub fn each_name(&self, mut each: impl FnMut(&[u8])) -> io::Result<()> {
-        self.each_entry(|name, _| each(name))
-    }
-
-    /// [`each_name`](Self::each_name) with each entry's type as the directory says it
-    /// (`DT_REG`, `DT_DIR`, ...; `DT_UNKNOWN` where the filesystem does not keep it), which
-    /// may be stale by the time the name is used.
-    pub fn each_entry(&self, mut each: impl FnMut(&[u8], u8)) -> io::Result<()> {
         let mut listing = self.listing()?;
-        while let Some((name, kind)) = listing.next()? {
-            each(name, kind);
+        while let Some((name, _)) = listing.next()? {
+            names.push(OsString::from_vec(name.to_vec()));
         }
-        Ok(())
+        Ok(names)
     }
 
     /// Whether this directory has no entry but `.` and `..`: one buffer of its listing read,

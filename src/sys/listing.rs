@@ -25,8 +25,6 @@ pub struct Listing {
     filled: usize,
     /// The cookie after the last entry handed out (0: before the first).
     after: i64,
-    /// A resumed listing: its first read starts at `after`.
-    seek: bool,
 }
 
 impl Listing {
@@ -39,7 +37,6 @@ impl Listing {
             at: 0,
             filled: 0,
             after: 0,
-            seek: false,
         }
     }
 
@@ -89,22 +86,19 @@ impl Listing {
 
     /// This listing (new, of a directory whose earlier listing stopped at `cookie`), going on
     /// after that entry.
-    pub fn resumed_after(mut self, cookie: i64) -> Listing {
-        self.after = cookie;
-        self.seek = cookie != 0;
-        self
+    pub fn resumed_after(self, cookie: i64) -> io::Result<Listing> {
+        // SAFETY: plain call on a descriptor this listing owns.
+        if unsafe { libc::lseek(self.fd.as_raw_fd(), cookie, libc::SEEK_SET) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Listing {
+            after: cookie,
+            ..self
+        })
     }
 
     /// Reads the next records into the buffer: false at the end of the directory.
     fn read(&mut self) -> io::Result<bool> {
-        if self.seek {
-            // SAFETY: plain call on a descriptor this listing owns.
-            let ret = unsafe { libc::lseek(self.fd.as_raw_fd(), self.after, libc::SEEK_SET) };
-            if ret == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            self.seek = false;
-        }
         if self.buf.len() < LISTING_BUFFER {
             self.buf.resize(LISTING_BUFFER, 0);
         }
