@@ -243,6 +243,8 @@ fn a_log_records_time_and_duration_are_its_own_when_runs_before_it_took_long() {
 thread_local! {
     /// The thread's allocations already added to `ON_WORKERS`.
     static REPORTED: Cell<u64> = const { Cell::new(0) };
+    /// The thread has logged a request before: it is warm.
+    static WARM: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Answers as sandboxd's `/health` does (204 with a header), counting the workers'
@@ -250,6 +252,9 @@ thread_local! {
 #[derive(Default)]
 struct Health {
     on_workers: AtomicU64,
+    /// The part of `on_workers` made by threads up to their first request's log: a worker
+    /// that took no request while the others warmed up starts cold later.
+    cold: AtomicU64,
     logged: AtomicU64,
 }
 
@@ -266,6 +271,9 @@ impl Handler for &'static Health {
         let made = counting::made();
         let before = REPORTED.with(|reported| reported.replace(made));
         self.on_workers.fetch_add(made - before, Ordering::SeqCst);
+        if !WARM.with(|warm| warm.replace(true)) {
+            self.cold.fetch_add(made - before, Ordering::SeqCst);
+        }
         self.logged.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -313,6 +321,7 @@ fn a_warm_worker_answers_keep_alive_requests_without_allocating() {
     requests(&mut connections, 50);
     logged(handler, 200);
     let warm = handler.on_workers.load(Ordering::SeqCst);
+    let cold = handler.cold.load(Ordering::SeqCst);
     assert!(warm > 0, "the count works: the first requests allocate");
 
     requests(&mut connections, 500);
@@ -320,7 +329,9 @@ fn a_warm_worker_answers_keep_alive_requests_without_allocating() {
     // for the next) is counted too.
     requests(&mut connections, 1);
     logged(handler, 2204);
-    let made = handler.on_workers.load(Ordering::SeqCst) - warm;
+    // A worker's first request (and its thread's start) is not a warm worker's.
+    let started_cold = handler.cold.load(Ordering::SeqCst) - cold;
+    let made = handler.on_workers.load(Ordering::SeqCst) - warm - started_cold;
     assert_eq!(made, 0, "allocations in 2,004 keep-alive requests");
 }
 
