@@ -4,7 +4,7 @@
 //! bytes) or the member has extended attributes. ustar's fields are then still filled as far
 //! as they go, so a reader without pax sees a truncated name rather than nothing.
 
-use super::{Kind, BLOCK, XATTR_RECORD};
+use super::{byte_sums, push_zeros, Kind, BLOCK, XATTR_RECORD};
 
 /// What a member's header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub fn write(member: &Member<'_>, out: &mut Vec<u8>) {
     let slash: &[u8] = if member.kind == Kind::Dir { b"/" } else { b"" };
     // The pax header's block, filled in once its records are written after it.
     let start = out.len();
-    out.resize(start + BLOCK, 0);
+    push_zeros(out, BLOCK);
     if member.path.len() + slash.len() > 100 {
         record(out, b"path", &[member.path, slash]);
     }
@@ -79,7 +79,7 @@ pub fn write(member: &Member<'_>, out: &mut Vec<u8>) {
         let len = records as u64;
         let pax = block(&[b"././@PaxHeader"], b'x', 0o644, len, member, b"");
         out[start..start + BLOCK].copy_from_slice(&pax);
-        out.resize(out.len() + super::padding(len), 0);
+        push_zeros(out, super::padding(len));
     }
     let flag = match member.kind {
         Kind::File => b'0',
@@ -225,8 +225,8 @@ fn block(
     put(&mut b[265..297], member.uname.as_bytes());
     put(&mut b[297..329], member.gname.as_bytes());
     b[148..156].fill(b' ');
-    let sum: u32 = b.iter().map(|&byte| u32::from(byte)).sum();
-    octal(&mut b[148..155], u64::from(sum));
+    let (sum, _) = byte_sums(&b);
+    octal(&mut b[148..155], sum);
     b
 }
 

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::{Kind, BLOCK, XATTR_RECORD};
+use super::{byte_sums, Kind, BLOCK, XATTR_RECORD};
 
 /// The most bytes of one member's extended headers (pax records, GNU long names) together.
 pub const MAX_EXTENDED: usize = 64 * 1024;
@@ -410,32 +410,6 @@ fn name(value: &[u8]) -> Option<Vec<u8>> {
 fn until_nul(field: &[u8]) -> &[u8] {
     let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
     &field[..end]
-}
-
-/// The sums of `bytes` read as unsigned and as signed bytes, eight bytes at a time (the
-/// release build is size-optimised, where a byte loop is not vectorised): the bytes added in
-/// pairs of 16-bit lanes, and the signed sum the unsigned one less 256 for each byte over 127.
-fn byte_sums(bytes: &[u8]) -> (u64, i64) {
-    const LOW_BYTES: u64 = 0x00ff_00ff_00ff_00ff;
-    const LANES: u64 = 0x0001_0001_0001_0001;
-    const HIGH_BITS: u64 = 0x0101_0101_0101_0101;
-    let mut unsigned = 0u64;
-    let mut high = 0u64;
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(word);
-        let x = u64::from_le_bytes(eight);
-        // Four lanes of at most 510 each; the multiply adds them into the top lane.
-        let pairs = (x & LOW_BYTES) + ((x >> 8) & LOW_BYTES);
-        unsigned += pairs.wrapping_mul(LANES) >> 48;
-        high += ((x >> 7) & HIGH_BITS).wrapping_mul(HIGH_BITS) >> 56;
-    }
-    for &byte in words.remainder() {
-        unsigned += u64::from(byte);
-        high += u64::from(byte >> 7);
-    }
-    (unsigned, unsigned.cast_signed() - 256 * high.cast_signed())
 }
 
 /// A numeric field: octal digits between optional spaces and NULs, or GNU's base-256 (the

@@ -46,7 +46,7 @@ use flate2::Crc;
 
 use super::gzip::{self, Slot, PIECE, QUEUE};
 use crate::archive::header::{self, Member};
-use crate::archive::{padding, Kind, BLOCK};
+use crate::archive::{padding, push_zeros, Kind, BLOCK};
 use crate::fs::as_user::Identity;
 use crate::fs::owners::Owners;
 use crate::fs::user_metadata;
@@ -214,7 +214,7 @@ impl TarJob {
                     }
                     continue;
                 }
-                self.pending.resize(padding(body.size), 0);
+                push_zeros(&mut self.pending, padding(body.size));
                 self.path.truncate(body.dir_len);
                 self.body = None;
                 continue;
@@ -227,7 +227,7 @@ impl TarJob {
             }
             lookups += 1;
             if !self.next_member().map_err(|e| e.to_string())? {
-                self.pending.resize(2 * BLOCK, 0);
+                push_zeros(&mut self.pending, 2 * BLOCK);
                 self.ended = true;
             }
         }
