@@ -34,6 +34,8 @@ pub(crate) struct MemoryIo {
     pub(crate) eof: bool,
     pub(crate) output: Vec<u8>,
     pub(crate) write_shut: bool,
+    /// Each `cork` call: the bytes sent before it, and whether it set the cork.
+    pub(crate) corks: Vec<(usize, bool)>,
 }
 
 impl Io for MemoryIo {
@@ -63,6 +65,11 @@ impl Io for MemoryIo {
         self.output.extend_from_slice(&buf[..n]);
         *offset += n as u64;
         Ok(n)
+    }
+
+    fn cork(&mut self, on: bool) -> io::Result<()> {
+        self.corks.push((self.output.len(), on));
+        Ok(())
     }
 
     fn shutdown_write(&mut self) {
@@ -151,6 +158,12 @@ impl BodySink for CountingSink {
 /// Runs one connection over `pieces` (each delivered when the previous one is used up, then
 /// the end of the stream) and returns what it wrote, and whether it closed.
 pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, bool) {
+    let (io, closed) = exchange_io(handler, pieces);
+    (io.output, closed)
+}
+
+/// [`exchange`], returning the whole memory socket.
+pub(crate) fn exchange_io(handler: &TestHandler, pieces: &[&[u8]]) -> (MemoryIo, bool) {
     let limits = Limits {
         header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
@@ -196,7 +209,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
     for piece in pieces {
         io.input.extend_from_slice(piece);
         if settle(&mut conn, &mut io, &mut scratch).is_none() {
-            return (io.output, true);
+            return (io, true);
         }
     }
     io.eof = true;
@@ -205,7 +218,7 @@ pub(crate) fn exchange(handler: &TestHandler, pieces: &[&[u8]]) -> (Vec<u8>, boo
         Some(Next::Park { wait, .. }) => wait != Wait::Read,
         Some(Next::Close) => true,
     };
-    (io.output, closed)
+    (io, closed)
 }
 
 /// Any input, whole or split at points taken from its first bytes: the connection writes the

@@ -120,15 +120,25 @@ pub fn accept_nonblocking(listener: &TcpListener) -> io::Result<TcpStream> {
 /// Sets `TCP_NODELAY` on a listening socket: Linux copies it to every socket accepted from it
 /// (the listener's `tcp_sock` is cloned), so no `setsockopt` is needed per connection.
 pub fn set_listener_nodelay(listener: &TcpListener) -> io::Result<()> {
-    let one: libc::c_int = 1;
+    set_tcp_flag(listener.as_raw_fd(), libc::TCP_NODELAY, true)
+}
+
+/// Sets or clears `TCP_CORK` on a connection: while set, only full segments leave (a partial
+/// one waits for more bytes, at most 200 ms); clearing it sends what waits at once.
+pub fn set_cork(socket: RawFd, on: bool) -> io::Result<()> {
+    set_tcp_flag(socket, libc::TCP_CORK, on)
+}
+
+fn set_tcp_flag(socket: RawFd, option: libc::c_int, on: bool) -> io::Result<()> {
+    let value = libc::c_int::from(on);
     let size = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4);
-    // SAFETY: `one` is a live `c_int` for the call and its size is passed with it.
+    // SAFETY: `value` is a live `c_int` for the call and its size is passed with it.
     check(unsafe {
         libc::setsockopt(
-            listener.as_raw_fd(),
+            socket,
             libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            std::ptr::addr_of!(one).cast(),
+            option,
+            std::ptr::addr_of!(value).cast(),
             size,
         )
     })?;

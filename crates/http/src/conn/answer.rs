@@ -100,6 +100,7 @@ impl Conn {
                 file,
                 offset,
                 end: offset.saturating_add(len),
+                corked: false,
             },
             ResponseBody::Stream(source) if send_body => Outgoing::Stream {
                 source,

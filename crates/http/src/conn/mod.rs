@@ -54,6 +54,9 @@ pub(crate) trait Io {
         }
     }
     fn sendfile(&mut self, file: &File, offset: &mut u64, count: usize) -> io::Result<usize>;
+    /// `on`: hold partial segments back until full (`TCP_CORK`) while a large file is sent;
+    /// off: send what is held at once.
+    fn cork(&mut self, on: bool) -> io::Result<()>;
     fn shutdown_write(&mut self);
     /// True when the peer hung up (or the socket failed), found without reading.
     fn hung_up(&mut self) -> bool {
@@ -302,7 +305,7 @@ mod tests {
     use std::io::Write as _;
     use std::sync::Arc;
 
-    use crate::fuzzing::{connection_splits, exchange, TestHandler};
+    use crate::fuzzing::{connection_splits, exchange, exchange_io, TestHandler};
 
     fn run(input: &str) -> (String, bool) {
         let (out, closed) = exchange(&TestHandler { file: None }, &[input.as_bytes()]);
@@ -472,6 +475,43 @@ mod tests {
         let text = String::from_utf8_lossy(&out);
         assert!(text.contains("Content-Length: 100000\r\n"));
         assert!(text.ends_with(&"z".repeat(100_000)));
+    }
+
+    #[test]
+    fn a_large_file_is_sent_corked_and_uncorked_after_its_last_byte() {
+        let len = usize::try_from(super::send::CORK_FROM).unwrap() + 1;
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&vec![b'z'; len]).unwrap();
+        let handler = TestHandler {
+            file: Some(Arc::new(file)),
+        };
+        let requests =
+            b"GET /file HTTP/1.1\r\nHost: h\r\n\r\nGET /after HTTP/1.1\r\nHost: h\r\n\r\n";
+        let (io, _) = exchange_io(&handler, &[requests]);
+        let text = String::from_utf8_lossy(&io.output);
+        let body_end = text.find(&"z".repeat(len)).unwrap() + len;
+        let head_end = text.find("\r\n\r\n").unwrap() + 4;
+        // Set after the head was queued (sent with `MSG_MORE`), before the file's first byte;
+        // cleared once its last byte is out, before the next answer.
+        assert_eq!(io.corks, [(head_end, true), (body_end, false)]);
+        assert!(
+            text[body_end..].starts_with("HTTP/1.1 200 OK\r\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("GET /after"), "{text}");
+    }
+
+    #[test]
+    fn a_small_file_is_not_corked() {
+        let len = usize::try_from(super::send::CORK_FROM).unwrap() - 1;
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&vec![b'z'; len]).unwrap();
+        let handler = TestHandler {
+            file: Some(Arc::new(file)),
+        };
+        let (io, _) = exchange_io(&handler, &[b"GET /file HTTP/1.1\r\nHost: h\r\n\r\n"]);
+        assert!(io.output.ends_with(&vec![b'z'; len]));
+        assert_eq!(io.corks, []);
     }
 
     #[test]

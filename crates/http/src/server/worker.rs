@@ -306,6 +306,10 @@ impl Io for SocketIo<'_> {
         sent
     }
 
+    fn cork(&mut self, on: bool) -> io::Result<()> {
+        sys::set_cork(self.socket.as_raw_fd(), on)
+    }
+
     fn hung_up(&mut self) -> bool {
         sys::is_ready(self.socket.as_raw_fd(), WANT_HANGUP)
     }
