@@ -154,14 +154,17 @@ def thread_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def throughput(ip, port, results, sender_cpu=None):
+def throughput(ip, port, results, sender_cpu=None, congestion=None):
     """GIB bytes sent to ip:port in 1 MiB sends, read by the sink: MB/s. `sender_cpu`, a list,
     gets this thread's CPU seconds for the sends (a lone sender's cost: the copy from user
-    space, TCP's send path and loopback's delivery to the sink in its softirq)."""
+    space, TCP's send path and loopback's delivery to the sink in its softirq). `congestion`
+    names the sending socket's congestion control (else the system's)."""
     chunk = memoryview(bytearray(1 << 20))
     cpu = thread_cpu()
     t = time.perf_counter()
     with socket.create_connection((ip, port)) as s:
+        if congestion:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion)
         for _ in range(GIB >> 20):
             s.sendall(chunk)
         s.shutdown(socket.SHUT_WR)
@@ -446,12 +449,18 @@ def main():
     ratios = {name: [] for name, _, _ in daemons + [("socat", None, None)]}
     cpu = {name: [] for name, _, _ in daemons}
     calls = {name: [] for name, _, _ in daemons}
-    sender = []
+    sender, reno_sender, to_reno = [], [], []
     for _ in range(ROUNDS):
         direct = throughput("127.0.0.1", port, results, sender)
+        # The same with the sender on Reno, as the daemon's connection to the server is: the
+        # forward's own cost, apart from the system's congestion control (BBR paces).
+        direct_reno = throughput("127.0.0.1", port, results, reno_sender, b"reno")
         for name, ip, pid in daemons:
             before, counting = cpu_seconds(pid), count_syscalls(pid)
-            ratios[name].append(throughput(ip, port, results) / direct)
+            mbps = throughput(ip, port, results)
+            if name == "forward":
+                to_reno.append(mbps / direct_reno)
+            ratios[name].append(mbps / direct)
             cpu[name].append((cpu_seconds(pid) - before) / (GIB / (1 << 30)))
             calls[name].append(counted(counting) / (GIB / (1 << 30)))
         ratios["socat"].append(throughput(SOCAT_IP, port, results) / direct)
@@ -485,6 +494,18 @@ def main():
           f"forwarder's {forwarded:.2f} s is {forwarded / lone:.2f} × it")
     bench_row("forward: 1 GiB, the daemon's CPU per GiB forwarded, vs a lone sender's (s)",
               f"{forwarded:.2f}", "a lone sender's CPU (direct)", f"{lone:.2f}", f"{forwarded / lone:.2f}", "-")
+    lone_reno = statistics.median(reno_sender) / (GIB / (1 << 30))
+    print(f"with the sender on Reno (the congestion control of the forward's connection to the "
+          f"server; the system's is {open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()}): "
+          f"forward {spread(to_reno)} × direct; a lone sender's CPU per GiB "
+          f"{spread([c / (GIB / (1 << 30)) for c in reno_sender])} s, the forwarder's "
+          f"{forwarded / lone_reno:.2f} × it")
+    bench_row("forward: 1 GiB through the forward vs direct with the sender on Reno (ratio, "
+              "median of rounds)", f"{statistics.median(to_reno):.2f}", "direct, Reno", "1",
+              f"{statistics.median(to_reno):.2f}", "")
+    bench_row("forward: 1 GiB, the daemon's CPU per GiB forwarded, vs a lone sender's on Reno (s)",
+              f"{forwarded:.2f}", "a lone sender's CPU (direct, Reno)", f"{lone_reno:.2f}",
+              f"{forwarded / lone_reno:.2f}", "-")
     o = statistics.median(ratios["forward"])
     bench_row("forward: 1 GiB through the forward vs direct (ratio, median of rounds)",
               f"{o:.2f}", "direct", "1", f"{o:.2f}", ">=0.75")

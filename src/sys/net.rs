@@ -144,6 +144,49 @@ pub fn reset_on_close(stream: &TcpStream) -> io::Result<()> {
     .map(drop)
 }
 
+/// Sets `stream`'s congestion control (`TCP_CONGESTION`) to the algorithm named `name`.
+pub fn set_congestion(stream: &TcpStream, name: &str) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(name.len())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `name` is live and readable for `len` bytes during the call; the descriptor is
+    // borrowed for the call.
+    check(unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast::<libc::c_void>(),
+            len,
+        )
+    })
+    .map(drop)
+}
+
+/// The name of `stream`'s congestion control (the tests' look at what was set).
+#[cfg(test)]
+pub fn congestion(stream: &TcpStream) -> io::Result<String> {
+    // TCP_CA_NAME_MAX
+    let mut name = [0u8; 16];
+    let mut len = libc::socklen_t::try_from(name.len()).unwrap_or(0);
+    // SAFETY: `name` is writable for `len` bytes and `len` is a live `socklen_t`, both for the
+    // call; the kernel writes at most `len` bytes and stores how many in `len`.
+    check(unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr().cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    })?;
+    let written = &name[..usize::try_from(len).unwrap_or(0).min(name.len())];
+    let end = written
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(written.len());
+    Ok(String::from_utf8_lossy(&written[..end]).into_owned())
+}
+
 /// Listens again on `listener` with this backlog (Linux takes a second `listen` as a change of
 /// the queue's length).
 pub fn set_backlog(listener: &std::net::TcpListener, backlog: i32) -> io::Result<()> {
@@ -256,6 +299,18 @@ mod tests {
         let (server, _) = listener.accept().unwrap();
         drop(server);
         assert_eq!(client.read(&mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_streams_congestion_control_is_set_and_read_back() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // Reno is the kernel's own, always there.
+        set_congestion(&stream, "reno").unwrap();
+        assert_eq!(congestion(&stream).unwrap(), "reno");
+        let err = set_congestion(&stream, "no-such-algorithm").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(congestion(&stream).unwrap(), "reno");
     }
 
     #[test]
