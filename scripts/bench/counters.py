@@ -1,10 +1,11 @@
 """Counters for the Python benchmarks: a process's CPU time, system calls counted by `perf`, a
 peer pipeline's CPU, and the median of per-round ratios with their range (docs/performance.md,
-"Method")."""
+"Method"); and the C peers and clients they compile at run time."""
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -103,3 +104,15 @@ def per(value, units, scale=1.0, digits=2):
     if value is None or not units:
         return "-"
     return f"{value / units * scale:.{digits}f}"
+
+
+def compile_c(work, name, source, what):
+    """Compiles the C `source` with gcc into `work`/`name`: its path. `what` (the peer or client
+    it is) names it when gcc is missing."""
+    if shutil.which("gcc") is None:
+        sys.exit(f"{what} needs gcc (apt-get install gcc)")
+    binary = os.path.join(work, name)
+    with open(binary + ".c", "w") as f:
+        f.write(source)
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", binary, binary + ".c"], check=True)
+    return binary
